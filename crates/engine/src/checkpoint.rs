@@ -1,0 +1,613 @@
+//! Checkpoint: write the committed delta into the backing tree, then start a
+//! new journal epoch.
+//!
+//! The backing tree changes *only* by executing a persisted plan (J1). A
+//! plan is computed from the committed delta and the backing tree, written
+//! to `.txfs/ckpt-<epoch>.plan` (checksummed, fsynced), and then executed in
+//! four phases. Every step is idempotent, so recovery simply executes the
+//! plan again from its last durable phase marker (J5):
+//!
+//! ```text
+//!  phase 1  move out   every backing entry the delta changes is renamed to
+//!                      .txfs/stage/o<id> (or unlinked, for a second link),
+//!                      deepest path first      — skip if already gone
+//!           marker     syncfs; create .txfs/ckpt-<epoch>.p1; fsync .txfs
+//!  phase 2  place      staged and new objects go to their final names,
+//!                      shallowest first; extra hard links after
+//!                      — skip if the stage name is gone / target exists
+//!  phase 3  contents   per file: truncate to the cut, write extents from
+//!                      the journal, set the final size; then attributes
+//!                      — final-state writes: replaying them is harmless
+//!  phase 4  delete     staged objects that died are removed
+//!           finish     syncfs; create journal <epoch+1>; unlink journal
+//!                      <epoch>; unlink the plan
+//! ```
+//!
+//! Why phase 1 needs the marker: phase 2 may re-create a name phase 1
+//! moved away; replaying phase 1 after that would move the new object.
+//! Why deepest first: namespace operations become durable in order, so if
+//! a directory's move survived a crash, the moves of everything inside it
+//! that phase 1 touched survived too.
+//!
+//! NB: the checkpoint holds the engine lock throughout (stop-the-world).
+//! Readers and committers wait for it; the threshold that triggers it
+//! bounds how long.
+
+use crate::delta::NO_CUT;
+use crate::engine::{BaseLoc, State, META_DIR, ORPHANS_OBJ};
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{Epoch, ObjId, Seq};
+use crate::journal::{self, JournalWriter, SyncState};
+use crate::storage::{FileKind, Storage, StoredFile, Timestamp};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum MoveOut {
+    Stage { from: Vec<u8>, stage: Vec<u8> },
+    Unlink { from: Vec<u8> },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Place {
+    Rename { stage: Vec<u8>, to: Vec<u8> },
+    File { to: Vec<u8> },
+    Dir { to: Vec<u8> },
+    Symlink { to: Vec<u8>, target: Vec<u8> },
+    Link { existing: Vec<u8>, to: Vec<u8> },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DataOp {
+    pub path: Vec<u8>,
+    pub cut: u64,
+    pub size: u64,
+    /// (file offset, length, offset in the epoch's journal)
+    pub extents: Vec<(u64, u64, u64)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AttrOp {
+    pub path: Vec<u8>,
+    pub is_symlink: bool,
+    pub mode: Option<u32>,
+    pub owner: Option<(Option<u32>, Option<u32>)>,
+    pub times: Option<(Option<Timestamp>, Option<Timestamp>)>,
+    pub xattrs: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Plan {
+    pub epoch: Epoch,
+    /// Seq of the last commit the plan covers (header of the next journal).
+    pub last_seq: Seq,
+    pub out: Vec<MoveOut>,
+    pub place: Vec<Place>,
+    pub data: Vec<DataOp>,
+    pub attrs: Vec<AttrOp>,
+    pub dead: Vec<Vec<u8>>,
+}
+
+fn p(b: &[u8]) -> &Path {
+    Path::new(OsStr::from_bytes(b))
+}
+
+fn bytes(p: &Path) -> Vec<u8> {
+    p.as_os_str().as_bytes().to_vec()
+}
+
+pub fn plan_path(e: Epoch) -> PathBuf {
+    Path::new(META_DIR).join(format!("ckpt-{:016x}.plan", e.0))
+}
+
+fn marker_path(e: Epoch) -> PathBuf {
+    Path::new(META_DIR).join(format!("ckpt-{:016x}.p1", e.0))
+}
+
+pub fn journal_path(e: Epoch) -> PathBuf {
+    Path::new(META_DIR).join("journal").join(format!("{:016x}", e.0))
+}
+
+fn stage_path(o: ObjId) -> PathBuf {
+    Path::new(META_DIR).join("stage").join(format!("o{}", o.0))
+}
+
+fn orphan_name(o: ObjId) -> OsString {
+    OsString::from(format!("{}", o.0))
+}
+
+fn is_missing(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOENT) || e.kind() == std::io::ErrorKind::NotFound
+}
+
+fn exists(s: &dyn Storage, path: &Path) -> Result<bool> {
+    match s.lstat(path) {
+        Ok(_) => Ok(true),
+        Err(e) if is_missing(&e) => Ok(false),
+        Err(e) => Err(Error::io("stat", path.display().to_string(), e)),
+    }
+}
+
+/// What the in-memory node table must look like after the plan ran.
+struct NodeUpdates {
+    moved: Vec<(ObjId, BaseLoc)>,
+    gone: Vec<ObjId>,
+    new_inos: Vec<ObjId>,
+}
+
+/// Computes the plan for the committed delta.
+fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
+    let d = st.committed.clone();
+    // 1. Which entries change, and what the backing tree holds there.
+    let mut changes: Vec<(ObjId, OsString, Option<ObjId>, Option<ObjId>)> = Vec::new();
+    let mut dirs: Vec<_> = d.dirs.iter().collect();
+    dirs.sort_by_key(|(o, _)| **o);
+    for (dir, entries) in dirs {
+        for (name, now) in entries {
+            let before = if d.created.contains_key(dir) { None } else { st.base_child(*dir, name)? };
+            if before != *now {
+                changes.push((*dir, name.clone(), before, *now));
+            }
+        }
+    }
+    // Final names of objects that gain entries.
+    let mut final_locs: HashMap<ObjId, Vec<(ObjId, OsString)>> = HashMap::new();
+    let mut moved_out: HashSet<ObjId> = HashSet::new();
+    for (dir, name, before, now) in &changes {
+        if let Some(o) = now {
+            final_locs.entry(*o).or_default().push((*dir, name.clone()));
+        }
+        if let Some(b) = before {
+            moved_out.insert(*b);
+        }
+    }
+    for v in final_locs.values_mut() {
+        v.sort();
+    }
+    // Final path of a live object: first new name, else unchanged base name.
+    let final_path = |st: &State, o: ObjId| -> Option<PathBuf> {
+        let mut parts = Vec::new();
+        let mut cur = o;
+        for _ in 0..4096 {
+            if cur == ObjId::ROOT {
+                let mut pb = PathBuf::new();
+                for s in parts.iter().rev() {
+                    pb.push(s);
+                }
+                return Some(pb);
+            }
+            let (parent, name) = match final_locs.get(&cur).and_then(|v| v.first()) {
+                Some((pp, n)) => (*pp, n.clone()),
+                None => {
+                    if moved_out.contains(&cur) || d.created.contains_key(&cur) {
+                        return None;
+                    }
+                    let b = st.nodes.get(&cur)?.base.clone()?;
+                    (b.parent, b.name)
+                }
+            };
+            parts.push(name);
+            cur = parent;
+        }
+        None
+    };
+    let mut plan = Plan {
+        epoch: st.journal.epoch,
+        last_seq: st.seq,
+        out: Vec::new(),
+        place: Vec::new(),
+        data: Vec::new(),
+        attrs: Vec::new(),
+        dead: Vec::new(),
+    };
+    let mut upd = NodeUpdates { moved: Vec::new(), gone: Vec::new(), new_inos: Vec::new() };
+    // Objects that end up nowhere in the tree but must survive: open
+    // objects (orphans) and files still linked under names we never saw.
+    let mut orphan: Vec<ObjId> = Vec::new();
+    // Phase 1.
+    let mut staged: HashSet<ObjId> = HashSet::new();
+    // Contents of these are written through their stage link (phase 3
+    // runs before phase 4 removes it).
+    let mut via_stage: HashSet<ObjId> = HashSet::new();
+    let mut outs: Vec<(usize, MoveOut)> = Vec::new();
+    for (dir, name, before, _) in &changes {
+        let Some(b) = before else { continue };
+        let from = st.base_path(*dir).ok_or(Error::Stale(*dir))?.join(name);
+        let depth = from.components().count();
+        let node = st.nodes.get(b).ok_or(Error::Stale(*b))?;
+        let placed = final_locs.contains_key(b);
+        let open = node.open > 0;
+        // A file still linked under a name the engine never looked up.
+        let linked_elsewhere =
+            node.kind != FileKind::Dir && st.attr_unrecorded(None, *b).map(|a| a.nlink).unwrap_or(0) > 0;
+        if staged.insert(*b) {
+            outs.push((depth, MoveOut::Stage { from: bytes(&from), stage: bytes(&stage_path(*b)) }));
+            if !placed {
+                if open {
+                    orphan.push(*b);
+                } else {
+                    if linked_elsewhere {
+                        via_stage.insert(*b);
+                    }
+                    plan.dead.push(bytes(&stage_path(*b)));
+                    upd.gone.push(*b);
+                }
+            }
+        } else {
+            outs.push((depth, MoveOut::Unlink { from: bytes(&from) }));
+        }
+    }
+    outs.sort_by(|a, b| b.0.cmp(&a.0));
+    plan.out = outs.into_iter().map(|(_, m)| m).collect();
+    // New objects that never got a name.
+    let mut created: Vec<_> = d.created.iter().collect();
+    created.sort_by_key(|(o, _)| **o);
+    for (o, n) in &created {
+        if !final_locs.contains_key(o) {
+            let open = st.nodes.get(o).is_some_and(|n| n.open > 0);
+            if open && n.kind == FileKind::File {
+                orphan.push(**o);
+            } else {
+                upd.gone.push(**o);
+            }
+        }
+    }
+    // Phase 2.
+    let mut firsts: Vec<(usize, Place)> = Vec::new();
+    let mut links: Vec<(usize, Place)> = Vec::new();
+    let mut objs: Vec<_> = final_locs.keys().copied().collect();
+    objs.sort();
+    for o in &objs {
+        let locs = &final_locs[o];
+        let keeps_base_name = !d.created.contains_key(o) && !staged.contains(o);
+        let first = if keeps_base_name {
+            // Unchanged base name, gaining links: links are made from it.
+            let b = st.nodes.get(o).and_then(|n| n.base.clone()).ok_or(Error::Stale(*o))?;
+            final_path(st, b.parent).ok_or(Error::Stale(b.parent))?.join(&b.name)
+        } else {
+            final_path(st, *o).ok_or(Error::Stale(*o))?
+        };
+        let depth = first.components().count();
+        if let Some(n) = d.created.get(o) {
+            let pl = match n.kind {
+                FileKind::Dir => Place::Dir { to: bytes(&first) },
+                FileKind::Symlink => Place::Symlink {
+                    to: bytes(&first),
+                    target: n.target.clone().unwrap_or_default().into_vec(),
+                },
+                _ => Place::File { to: bytes(&first) },
+            };
+            firsts.push((depth, pl));
+            upd.new_inos.push(*o);
+        } else if staged.contains(o) {
+            firsts.push((depth, Place::Rename { stage: bytes(&stage_path(*o)), to: bytes(&first) }));
+        }
+        if !keeps_base_name {
+            upd.moved.push((*o, BaseLoc { parent: locs[0].0, name: locs[0].1.clone() }));
+        }
+        for (dir, name) in locs.iter() {
+            let to = final_path(st, *dir).ok_or(Error::Stale(*dir))?.join(name);
+            if to != first {
+                links.push((to.components().count(), Place::Link { existing: bytes(&first), to: bytes(&to) }));
+            }
+        }
+    }
+    firsts.sort_by_key(|(dpt, _)| *dpt);
+    links.sort_by_key(|(dpt, _)| *dpt);
+    plan.place = firsts.into_iter().chain(links).map(|(_, pl)| pl).collect();
+    for o in &orphan {
+        let to = Path::new(META_DIR).join("orphans").join(orphan_name(*o));
+        if d.created.contains_key(o) {
+            plan.place.push(Place::File { to: bytes(&to) });
+            upd.new_inos.push(*o);
+        } else {
+            plan.place.push(Place::Rename { stage: bytes(&stage_path(*o)), to: bytes(&to) });
+        }
+        upd.moved.push((*o, BaseLoc { parent: ORPHANS_OBJ, name: orphan_name(*o) }));
+    }
+    // Phase 3.
+    let orphan_set: HashSet<ObjId> = orphan.iter().copied().collect();
+    let mut touched: Vec<_> = d.objs.iter().collect();
+    touched.sort_by_key(|(o, _)| **o);
+    for (o, od) in touched {
+        let path = if orphan_set.contains(o) {
+            Path::new(META_DIR).join("orphans").join(orphan_name(*o))
+        } else if via_stage.contains(o) {
+            stage_path(*o)
+        } else {
+            match final_path(st, *o) {
+                Some(pth) => pth,
+                None => continue,
+            }
+        };
+        let kind = st.node_kind(*o)?;
+        if let Some(f) = &od.file {
+            let base = if d.created.contains_key(o) {
+                0
+            } else {
+                let bp = st.base_path(*o).ok_or(Error::Stale(*o))?;
+                st.storage.lstat(&bp).ctx("checkpoint stat", || bp.display().to_string())?.size
+            };
+            let mut extents = Vec::new();
+            for (off, e) in f.ext.iter() {
+                match e.loc {
+                    crate::delta::DataLoc::Journal(ep, joff) if ep == plan.epoch => extents.push((off, e.len, joff)),
+                    _ => {
+                        return Err(Error::Poisoned(format!("{o}: committed extent not in the journal of {:?}", plan.epoch)))
+                    }
+                }
+            }
+            plan.data.push(DataOp { path: bytes(&path), cut: f.cut, size: f.size_after(base), extents });
+        }
+        let a = &od.attr;
+        let op = AttrOp {
+            path: bytes(&path),
+            is_symlink: kind == FileKind::Symlink,
+            mode: a.mode,
+            owner: (a.uid.is_some() || a.gid.is_some()).then_some((a.uid, a.gid)),
+            times: (a.atime.is_some() || a.mtime.is_some() || od.file.is_some()).then_some((a.atime, a.mtime)),
+            xattrs: a.xattrs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.clone())).collect(),
+        };
+        if op.mode.is_some() || op.owner.is_some() || op.times.is_some() || !op.xattrs.is_empty() {
+            plan.attrs.push(op);
+        }
+    }
+    Ok((plan, upd))
+}
+
+/// Phase 1, marker, phases 2–4 (idempotent; `resume` after a crash).
+pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result<()> {
+    let marker = marker_path(plan.epoch);
+    if !exists(s, &marker)? {
+        for m in &plan.out {
+            match m {
+                MoveOut::Stage { from, stage } => {
+                    if exists(s, p(stage))? {
+                        if exists(s, p(from))? {
+                            s.unlink(p(from)).ctx("checkpoint unlink", || p(from).display().to_string())?;
+                        }
+                        continue;
+                    }
+                    match s.rename(p(from), p(stage)) {
+                        Ok(()) => {}
+                        Err(e) if is_missing(&e) => {
+                            return Err(Error::Corrupt {
+                                path: plan_path(plan.epoch),
+                                offset: 0,
+                                detail: format!("{} vanished before phase 1 moved it", p(from).display()),
+                            })
+                        }
+                        Err(e) => return Err(Error::io("checkpoint move", p(from).display().to_string(), e)),
+                    }
+                }
+                MoveOut::Unlink { from } => match s.unlink(p(from)) {
+                    Ok(()) => {}
+                    Err(e) if is_missing(&e) => {}
+                    Err(e) => return Err(Error::io("checkpoint unlink", p(from).display().to_string(), e)),
+                },
+            }
+        }
+        s.sync_all().ctx("checkpoint sync", || "phase 1".into())?;
+        s.create_file(&marker, 0o600).ctx("checkpoint marker", || marker.display().to_string())?;
+        s.fsync(Path::new(META_DIR)).ctx("checkpoint marker", || META_DIR.into())?;
+    }
+    for pl in &plan.place {
+        match pl {
+            Place::Rename { stage, to } => {
+                if exists(s, p(stage))? {
+                    s.rename(p(stage), p(to)).ctx("checkpoint place", || p(to).display().to_string())?;
+                } else if !exists(s, p(to))? {
+                    return Err(Error::Corrupt {
+                        path: plan_path(plan.epoch),
+                        offset: 0,
+                        detail: format!("neither {} nor {} exists", p(stage).display(), p(to).display()),
+                    });
+                }
+            }
+            Place::File { to } => s.create_file(p(to), 0o600).ctx("checkpoint create", || p(to).display().to_string())?,
+            Place::Dir { to } => {
+                if !exists(s, p(to))? {
+                    s.mkdir(p(to), 0o700).ctx("checkpoint mkdir", || p(to).display().to_string())?;
+                }
+            }
+            Place::Symlink { to, target } => {
+                if !exists(s, p(to))? {
+                    s.symlink(OsStr::from_bytes(target), p(to)).ctx("checkpoint symlink", || p(to).display().to_string())?;
+                }
+            }
+            Place::Link { existing, to } => {
+                if !exists(s, p(to))? {
+                    s.link(p(existing), p(to)).ctx("checkpoint link", || p(to).display().to_string())?;
+                }
+            }
+        }
+    }
+    let mut buf = Vec::new();
+    for op in &plan.data {
+        let path = p(&op.path);
+        let what = || path.display().to_string();
+        if op.cut != NO_CUT {
+            s.set_len(path, op.cut.min(op.size)).ctx("checkpoint truncate", what)?;
+        }
+        for &(off, len, joff) in &op.extents {
+            let mut done = 0u64;
+            while done < len {
+                let n = ((len - done) as usize).min(1 << 20);
+                buf.resize(n, 0);
+                journal::read_exact(journal, joff + done, &mut buf).ctx("checkpoint journal read", what)?;
+                s.write_at(path, off + done, &buf).ctx("checkpoint write", what)?;
+                done += n as u64;
+            }
+        }
+        s.set_len(path, op.size).ctx("checkpoint set size", what)?;
+    }
+    for op in &plan.attrs {
+        let path = p(&op.path);
+        let what = || path.display().to_string();
+        if let Some((uid, gid)) = op.owner {
+            let m = s.lstat(path).ctx("checkpoint stat", what)?;
+            s.set_owner(path, uid.unwrap_or(m.uid), gid.unwrap_or(m.gid)).ctx("checkpoint chown", what)?;
+        }
+        if let (Some(m), false) = (op.mode, op.is_symlink) {
+            s.set_mode(path, m).ctx("checkpoint chmod", what)?;
+        }
+        for (k, v) in &op.xattrs {
+            let k = OsStr::from_bytes(k);
+            match v {
+                Some(v) => s.set_xattr(path, k, v).ctx("checkpoint setxattr", what)?,
+                None => s.remove_xattr(path, k).ctx("checkpoint removexattr", what)?,
+            }
+        }
+        if let Some((at, mt)) = op.times {
+            let m = s.lstat(path).ctx("checkpoint stat", what)?;
+            s.set_times(path, at.unwrap_or(m.atime), mt.unwrap_or(m.mtime)).ctx("checkpoint utimes", what)?;
+        }
+    }
+    for dead in &plan.dead {
+        remove_tree(s, p(dead))?;
+    }
+    s.sync_all().ctx("checkpoint sync", || "phases 2-4".into())?;
+    Ok(())
+}
+
+fn remove_tree(s: &dyn Storage, path: &Path) -> Result<()> {
+    let m = match s.lstat(path) {
+        Ok(m) => m,
+        Err(e) if is_missing(&e) => return Ok(()),
+        Err(e) => return Err(Error::io("checkpoint delete", path.display().to_string(), e)),
+    };
+    if m.kind == FileKind::Dir {
+        for (n, _) in s.read_dir(path).ctx("checkpoint delete", || path.display().to_string())? {
+            remove_tree(s, &path.join(n))?;
+        }
+        s.rmdir(path).ctx("checkpoint rmdir", || path.display().to_string())
+    } else {
+        s.unlink(path).ctx("checkpoint unlink", || path.display().to_string())
+    }
+}
+
+/// Creates the next epoch's journal, then retires the plan's epoch.
+pub fn finish(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoch)> {
+    let next = Epoch(plan.epoch.0 + 1);
+    let jp = journal_path(next);
+    let f = s.open_file(&jp, true).ctx("journal create", || jp.display().to_string())?;
+    if f.len().ctx("journal create", || jp.display().to_string())? < journal::FILE_HEADER_LEN {
+        f.set_len(0).ctx("journal create", || jp.display().to_string())?;
+        f.write_at(0, &journal::file_header(next, plan.last_seq)).ctx("journal create", || jp.display().to_string())?;
+    }
+    f.sync_data().ctx("journal create", || jp.display().to_string())?;
+    let jdir = Path::new(META_DIR).join("journal");
+    s.fsync(&jdir).ctx("journal create", || jdir.display().to_string())?;
+    for old in [journal_path(plan.epoch), marker_path(plan.epoch), plan_path(plan.epoch)] {
+        match s.unlink(&old) {
+            Ok(()) => {}
+            Err(e) if is_missing(&e) => {}
+            Err(e) => return Err(Error::io("checkpoint cleanup", old.display().to_string(), e)),
+        }
+        let parent = old.parent().unwrap_or(Path::new(META_DIR)).to_path_buf();
+        s.fsync(&parent).ctx("checkpoint cleanup", || parent.display().to_string())?;
+    }
+    Ok((f, next))
+}
+
+/// Persists a plan: write a temp file, fsync, rename, fsync the folder.
+fn persist(s: &dyn Storage, plan: &Plan) -> Result<()> {
+    let body = bincode::serialize(plan).map_err(|e| Error::Poisoned(format!("plan encoding: {e}")))?;
+    let mut bytes = Vec::with_capacity(body.len() + 8);
+    bytes.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&body);
+    let final_path = plan_path(plan.epoch);
+    let tmp = final_path.with_extension("tmp");
+    let what = || tmp.display().to_string();
+    let f = s.open_file(&tmp, true).ctx("plan write", what)?;
+    f.set_len(0).ctx("plan write", what)?;
+    f.write_at(0, &bytes).ctx("plan write", what)?;
+    f.sync_data().ctx("plan write", what)?;
+    s.rename(&tmp, &final_path).ctx("plan write", || final_path.display().to_string())?;
+    s.fsync(Path::new(META_DIR)).ctx("plan write", || META_DIR.into())?;
+    Ok(())
+}
+
+/// Reads a persisted plan, verifying its checksum.
+pub fn load(s: &dyn Storage, path: &Path) -> Result<Plan> {
+    let corrupt = |detail: &str| Error::Corrupt { path: path.to_path_buf(), offset: 0, detail: detail.into() };
+    let f = s.open_file(path, false).ctx("plan read", || path.display().to_string())?;
+    let len = f.len().ctx("plan read", || path.display().to_string())?;
+    let mut bytes = vec![0u8; len as usize];
+    journal::read_exact(&*f, 0, &mut bytes).ctx("plan read", || path.display().to_string())?;
+    if bytes.len() < 8 {
+        return Err(corrupt("plan shorter than its header"));
+    }
+    let crc = u32::from_le_bytes(bytes[0..4].try_into().expect("4"));
+    let n = u32::from_le_bytes(bytes[4..8].try_into().expect("4")) as usize;
+    let body = bytes.get(8..8 + n).ok_or_else(|| corrupt("plan truncated"))?;
+    if crc32c::crc32c(body) != crc {
+        return Err(corrupt("plan checksum mismatch"));
+    }
+    bincode::deserialize(body).map_err(|_| corrupt("undecodable plan"))
+}
+
+/// Runs a checkpoint with the engine lock held.
+pub(crate) fn run(st: &mut State, sync: &SyncState) -> Result<()> {
+    if let Some(p) = &st.poisoned {
+        return Err(Error::Poisoned(p.clone()));
+    }
+    if st.committed.is_empty() {
+        return Ok(());
+    }
+    let res = run_inner(st, sync);
+    if let Err(e) = &res {
+        // The backing tree may be half-way through the plan; in-memory
+        // locations no longer match it. Recovery finishes the plan.
+        st.poisoned = Some(format!("checkpoint failed: {e}"));
+    }
+    res
+}
+
+fn run_inner(st: &mut State, sync: &SyncState) -> Result<()> {
+    let (plan, upd) = build(st)?;
+    let storage = st.storage.clone();
+    persist(&*storage, &plan)?;
+    let jf = st.journal.file.clone();
+    execute(&*storage, &plan, &*jf)?;
+    let (file, next) = finish(&*storage, &plan)?;
+    // The backing tree now holds the committed state: update locations.
+    for o in upd.gone {
+        if let Some(n) = st.nodes.get_mut(&o) {
+            if let Some(k) = n.ino.take() {
+                st.by_ino.remove(&k);
+            }
+            n.base = None;
+            n.gone = true;
+        }
+    }
+    for (o, loc) in upd.moved {
+        if let Some(n) = st.nodes.get_mut(&o) {
+            n.base = Some(loc);
+            n.gone = false;
+        }
+    }
+    for o in upd.new_inos {
+        if let Some(pth) = st.base_path(o) {
+            if let Ok(m) = storage.lstat(&pth) {
+                st.by_ino.insert((m.dev, m.ino), o);
+                if let Some(n) = st.nodes.get_mut(&o) {
+                    n.ino = Some((m.dev, m.ino));
+                }
+            }
+        }
+    }
+    st.committed = Default::default();
+    st.journal_files.remove(&plan.epoch);
+    st.journal_files.insert(next, file.clone());
+    st.journal = JournalWriter { epoch: next, path: journal_path(next), file: file.clone(), end: journal::FILE_HEADER_LEN };
+    sync.rotate(next, file, journal::FILE_HEADER_LEN);
+    st.stats.checkpoints += 1;
+    tracing::debug!(epoch = next.0, "checkpoint done");
+    Ok(())
+}

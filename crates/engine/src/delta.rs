@@ -1,0 +1,476 @@
+//! Deltas: what a transaction (or the committed-but-not-checkpointed past)
+//! changes on top of the state below it.
+//!
+//! A [`Delta`] is the engine's one representation of change. A live
+//! transaction owns one (its private state); the engine owns one more for
+//! everything committed since the last checkpoint. Reading an object means
+//! starting from the backing file and laying the committed delta, then the
+//! transaction's delta, on top. Committing means composing a transaction's
+//! delta into the committed one ([`Delta::compose`]); a checkpoint writes
+//! the committed delta into the backing tree and empties it.
+//!
+//! ## File contents: cut, extents, size
+//! A [`FileDelta`] describes the final content of a file *as a function of
+//! the content below it* (`B`, of size `b`), without having read `B`:
+//!
+//! ```text
+//!   byte i of the result =  extent data          if an extent covers i
+//!                           B[i]                 else if i < min(b, cut)
+//!                           0                    otherwise
+//!   size of the result   =  s                    if size = Exactly(s)
+//!                           max(min(b, cut), s)  if size = AtLeast(s)
+//! ```
+//!
+//! `truncate(t)` lowers `cut` to `t`, clips extents at `t` and sets
+//! `Exactly(t)`; `write(off, data)` adds an extent and raises the size
+//! bound. Neither needs `b`, so blind writes stay blind: two transactions
+//! writing different pages of one file do not read each other's size.
+//! Composition keeps the same shape (proof in the comments of
+//! [`FileDelta::compose`]), and applying a delta twice gives the same
+//! result as applying it once — the property checkpoint replay relies on.
+
+use crate::ids::{Epoch, ObjId, TxId};
+use crate::storage::{FileKind, Timestamp};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::sync::Arc;
+
+/// No cut: the content below survives up to its own size.
+pub const NO_CUT: u64 = u64::MAX;
+
+/// Where the bytes of an extent live.
+#[derive(Clone, Debug)]
+pub enum DataLoc {
+    /// In memory: `buf[start..]`.
+    Mem(Arc<Vec<u8>>, usize),
+    /// In a transaction's spill file under `.txfs/spill/`.
+    Spill(TxId, u64),
+    /// In the journal of an epoch, at a byte offset.
+    Journal(Epoch, u64),
+}
+
+impl DataLoc {
+    /// The location `k` bytes further on.
+    pub fn advance(&self, k: u64) -> DataLoc {
+        match self {
+            DataLoc::Mem(b, s) => DataLoc::Mem(b.clone(), s + k as usize),
+            DataLoc::Spill(t, o) => DataLoc::Spill(*t, o + k),
+            DataLoc::Journal(e, o) => DataLoc::Journal(*e, o + k),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Extent {
+    pub len: u64,
+    pub loc: DataLoc,
+}
+
+/// Non-overlapping extents keyed by file offset.
+#[derive(Clone, Debug, Default)]
+pub struct ExtentMap {
+    map: BTreeMap<u64, Extent>,
+}
+
+impl ExtentMap {
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Extent)> {
+        self.map.iter().map(|(o, e)| (*o, e))
+    }
+
+    /// Removes the bytes `[start, end)` from the map, splitting extents.
+    fn punch(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        // The extent that begins before `start` and reaches into the range.
+        if let Some((&o, e)) = self.map.range(..start).next_back() {
+            if o + e.len > start {
+                let e = e.clone();
+                let head = start - o;
+                self.map.insert(o, Extent { len: head, loc: e.loc.clone() });
+                if o + e.len > end {
+                    let skip = end - o;
+                    self.map.insert(end, Extent { len: e.len - skip, loc: e.loc.advance(skip) });
+                }
+            }
+        }
+        let inside: Vec<u64> = self.map.range(start..end).map(|(o, _)| *o).collect();
+        for o in inside {
+            let e = self.map.remove(&o).expect("key just listed");
+            if o + e.len > end {
+                let skip = end - o;
+                self.map.insert(end, Extent { len: e.len - skip, loc: e.loc.advance(skip) });
+            }
+        }
+    }
+
+    pub fn insert(&mut self, off: u64, len: u64, loc: DataLoc) {
+        if len == 0 {
+            return;
+        }
+        self.punch(off, off + len);
+        self.map.insert(off, Extent { len, loc });
+    }
+
+    /// Drops every byte at or beyond `at`.
+    pub fn clip(&mut self, at: u64) {
+        self.punch(at, u64::MAX);
+    }
+
+    /// The pieces of extents that intersect `[start, end)`, clipped to it.
+    pub fn pieces(&self, start: u64, end: u64) -> Vec<(u64, u64, DataLoc)> {
+        let mut out = Vec::new();
+        if start >= end {
+            return out;
+        }
+        if let Some((&o, e)) = self.map.range(..start).next_back() {
+            if o + e.len > start {
+                let s = start;
+                let t = (o + e.len).min(end);
+                out.push((s, t - s, e.loc.advance(s - o)));
+            }
+        }
+        for (&o, e) in self.map.range(start..end) {
+            let t = (o + e.len).min(end);
+            out.push((o, t - o, e.loc.clone()));
+        }
+        out
+    }
+
+    /// True if every byte of `[start, end)` is covered.
+    pub fn covers(&self, start: u64, end: u64) -> bool {
+        let mut at = start;
+        for (o, l, _) in self.pieces(start, end) {
+            if o != at {
+                return false;
+            }
+            at = o + l;
+        }
+        at >= end
+    }
+
+    /// The end of the last extent (0 if empty).
+    pub fn end(&self) -> u64 {
+        self.map.iter().next_back().map(|(o, e)| o + e.len).unwrap_or(0)
+    }
+
+    pub fn total_len(&self) -> u64 {
+        self.map.values().map(|e| e.len).sum()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SizeDelta {
+    /// The size is `max(min(b, cut), s)`.
+    AtLeast(u64),
+    /// The size is exactly this.
+    Exactly(u64),
+}
+
+/// Change to a regular file's content (see the module docs).
+#[derive(Clone, Debug)]
+pub struct FileDelta {
+    pub cut: u64,
+    pub size: SizeDelta,
+    pub ext: ExtentMap,
+}
+
+impl Default for FileDelta {
+    fn default() -> Self {
+        FileDelta { cut: NO_CUT, size: SizeDelta::AtLeast(0), ext: ExtentMap::default() }
+    }
+}
+
+impl FileDelta {
+    /// A file created empty: nothing of the (non-existent) content below.
+    pub fn empty_new() -> FileDelta {
+        FileDelta { cut: 0, size: SizeDelta::Exactly(0), ext: ExtentMap::default() }
+    }
+
+    pub fn size_after(&self, lower: u64) -> u64 {
+        match self.size {
+            SizeDelta::Exactly(s) => s,
+            SizeDelta::AtLeast(s) => lower.min(self.cut).max(s),
+        }
+    }
+
+    /// True if the result does not depend on the size of what is below.
+    pub fn size_is_blind(&self) -> bool {
+        matches!(self.size, SizeDelta::Exactly(_))
+    }
+
+    pub fn write(&mut self, off: u64, len: u64, loc: DataLoc) {
+        self.ext.insert(off, len, loc);
+        let end = off + len;
+        self.size = match self.size {
+            SizeDelta::AtLeast(s) => SizeDelta::AtLeast(s.max(end)),
+            SizeDelta::Exactly(s) => SizeDelta::Exactly(s.max(end)),
+        };
+    }
+
+    pub fn truncate(&mut self, t: u64) {
+        self.cut = self.cut.min(t);
+        self.ext.clip(t);
+        self.size = SizeDelta::Exactly(t);
+    }
+
+    /// `self` then `top`, as one delta.
+    ///
+    /// With `c' = min(cut, top.cut)`: a byte not covered by `top` and below
+    /// `top.cut` comes from `self`, i.e. from `self`'s extents (kept unless
+    /// clipped by `top.cut`) or from `B` below `min(b, cut)`; so the result
+    /// is `B` below `min(b, c')` under the union of extents. For the size,
+    /// `max(min(max(min(b, cut), s), top.cut), t)` expands to
+    /// `max(min(b, c'), max(min(s, top.cut), t))`.
+    pub fn compose(&mut self, top: &FileDelta) {
+        if top.cut != NO_CUT {
+            self.ext.clip(top.cut);
+        }
+        for (o, e) in top.ext.iter() {
+            self.ext.insert(o, e.len, e.loc.clone());
+        }
+        self.size = match (self.size, top.size) {
+            (_, SizeDelta::Exactly(t)) => SizeDelta::Exactly(t),
+            (SizeDelta::Exactly(s), SizeDelta::AtLeast(t)) => SizeDelta::Exactly(s.min(top.cut).max(t)),
+            (SizeDelta::AtLeast(s), SizeDelta::AtLeast(t)) => SizeDelta::AtLeast(s.min(top.cut).max(t)),
+        };
+        self.cut = self.cut.min(top.cut);
+    }
+
+    /// Lays this delta over `buf`, which holds bytes `[off, off+len)` of the
+    /// content below (of size `lower`). Returns the new size. `fetch` reads
+    /// extent data.
+    pub fn overlay(
+        &self,
+        lower: u64,
+        off: u64,
+        buf: &mut [u8],
+        fetch: &mut dyn FnMut(&DataLoc, &mut [u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<u64> {
+        let end = off + buf.len() as u64;
+        let keep = lower.min(self.cut);
+        if keep < end {
+            let from = keep.max(off);
+            buf[(from - off) as usize..].fill(0);
+        }
+        for (o, l, loc) in self.ext.pieces(off, end) {
+            let s = (o - off) as usize;
+            fetch(&loc, &mut buf[s..s + l as usize])?;
+        }
+        Ok(self.size_after(lower))
+    }
+}
+
+/// Attribute changes; `None` leaves the value below.
+#[derive(Clone, Debug, Default)]
+pub struct AttrDelta {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+    pub ctime: Option<Timestamp>,
+    /// Added to the link count below.
+    pub nlink: i64,
+    /// `Some(v)` sets, `None` removes.
+    pub xattrs: BTreeMap<OsString, Option<Vec<u8>>>,
+}
+
+impl AttrDelta {
+    pub fn compose(&mut self, top: &AttrDelta) {
+        macro_rules! take {
+            ($($f:ident),*) => { $( if top.$f.is_some() { self.$f = top.$f; } )* };
+        }
+        take!(mode, uid, gid, atime, mtime, ctime);
+        self.nlink += top.nlink;
+        for (k, v) in &top.xattrs {
+            self.xattrs.insert(k.clone(), v.clone());
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mode.is_none()
+            && self.uid.is_none()
+            && self.gid.is_none()
+            && self.atime.is_none()
+            && self.mtime.is_none()
+            && self.ctime.is_none()
+            && self.nlink == 0
+            && self.xattrs.is_empty()
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ObjDelta {
+    pub file: Option<FileDelta>,
+    pub attr: AttrDelta,
+}
+
+/// An object that did not exist below this delta.
+#[derive(Clone, Debug)]
+pub struct NewObj {
+    pub kind: FileKind,
+    /// Symlink target.
+    pub target: Option<OsString>,
+}
+
+/// Directory entry changes: `Some(obj)` links `obj` under the name, `None`
+/// removes the name.
+pub type DirDelta = BTreeMap<OsString, Option<ObjId>>;
+
+#[derive(Clone, Debug, Default)]
+pub struct Delta {
+    pub objs: HashMap<ObjId, ObjDelta>,
+    pub dirs: HashMap<ObjId, DirDelta>,
+    pub created: HashMap<ObjId, NewObj>,
+    /// New parent of each directory this delta created or moved.
+    pub parents: HashMap<ObjId, ObjId>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.objs.is_empty() && self.dirs.is_empty() && self.created.is_empty() && self.parents.is_empty()
+    }
+
+    pub fn obj(&mut self, o: ObjId) -> &mut ObjDelta {
+        self.objs.entry(o).or_default()
+    }
+
+    /// The entry change for `name` in `dir`, if this delta has one.
+    pub fn entry(&self, dir: ObjId, name: &std::ffi::OsStr) -> Option<Option<ObjId>> {
+        self.dirs.get(&dir).and_then(|d| d.get(name)).copied()
+    }
+
+    /// `self` then `top`, as one delta.
+    pub fn compose(&mut self, top: &Delta) {
+        for (o, n) in &top.created {
+            self.created.insert(*o, n.clone());
+        }
+        for (d, p) in &top.parents {
+            self.parents.insert(*d, *p);
+        }
+        for (d, entries) in &top.dirs {
+            let mine = self.dirs.entry(*d).or_default();
+            for (n, e) in entries {
+                mine.insert(n.clone(), *e);
+            }
+        }
+        for (o, od) in &top.objs {
+            let mine = self.objs.entry(*o).or_default();
+            mine.attr.compose(&od.attr);
+            if let Some(f) = &od.file {
+                match &mut mine.file {
+                    Some(m) => m.compose(f),
+                    None => mine.file = Some(f.clone()),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn mem(data: &[u8]) -> DataLoc {
+        DataLoc::Mem(Arc::new(data.to_vec()), 0)
+    }
+
+    fn fetch(loc: &DataLoc, out: &mut [u8]) -> std::io::Result<()> {
+        match loc {
+            DataLoc::Mem(b, s) => {
+                out.copy_from_slice(&b[*s..*s + out.len()]);
+                Ok(())
+            }
+            _ => unreachable!("tests use memory extents"),
+        }
+    }
+
+    fn apply(fd: &FileDelta, below: &[u8]) -> Vec<u8> {
+        let size = fd.size_after(below.len() as u64) as usize;
+        let mut buf = vec![0u8; size];
+        let n = below.len().min(size);
+        buf[..n].copy_from_slice(&below[..n]);
+        fd.overlay(below.len() as u64, 0, &mut buf, &mut fetch).unwrap();
+        buf
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Write(u64, Vec<u8>),
+        Truncate(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..64, proptest::collection::vec(any::<u8>(), 1..24)).prop_map(|(o, d)| Op::Write(o, d)),
+            (0u64..80).prop_map(Op::Truncate),
+        ]
+    }
+
+    fn run(ops: &[Op], fd: &mut FileDelta, model: &mut Vec<u8>) {
+        for op in ops {
+            match op {
+                Op::Write(o, d) => {
+                    let end = *o as usize + d.len();
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[*o as usize..end].copy_from_slice(d);
+                    fd.write(*o, d.len() as u64, mem(d));
+                }
+                Op::Truncate(t) => {
+                    model.resize(*t as usize, 0);
+                    fd.truncate(*t);
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// A delta built from writes and truncates, laid over any content,
+        /// gives what applying the same operations to that content gives.
+        #[test]
+        fn file_delta_matches_model(below in proptest::collection::vec(any::<u8>(), 0..70),
+                                    ops in proptest::collection::vec(op(), 0..12)) {
+            let mut fd = FileDelta::default();
+            let mut model = below.clone();
+            run(&ops, &mut fd, &mut model);
+            prop_assert_eq!(apply(&fd, &below), model);
+        }
+
+        /// compose(a, b) over content == b over (a over content); and
+        /// applying a delta twice == once (idempotent replay).
+        #[test]
+        fn compose_and_idempotence(below in proptest::collection::vec(any::<u8>(), 0..70),
+                                   a in proptest::collection::vec(op(), 0..8),
+                                   b in proptest::collection::vec(op(), 0..8)) {
+            let (mut da, mut db) = (FileDelta::default(), FileDelta::default());
+            let mut model = below.clone();
+            run(&a, &mut da, &mut model);
+            run(&b, &mut db, &mut model);
+            let mut ab = da.clone();
+            ab.compose(&db);
+            prop_assert_eq!(apply(&ab, &below), model.clone());
+            prop_assert_eq!(apply(&ab, &apply(&ab, &below)), model);
+        }
+    }
+
+    #[test]
+    fn punch_splits_extents() {
+        let mut m = ExtentMap::default();
+        m.insert(0, 10, mem(b"0123456789"));
+        m.insert(3, 2, mem(b"ab"));
+        let got: Vec<_> = m.pieces(0, 10).into_iter().map(|(o, l, _)| (o, l)).collect();
+        assert_eq!(got, vec![(0, 3), (3, 2), (5, 5)]);
+        assert!(m.covers(0, 10));
+        assert!(!m.covers(0, 11));
+        m.clip(4);
+        assert_eq!(m.end(), 4);
+    }
+}

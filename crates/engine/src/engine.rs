@@ -1,0 +1,1424 @@
+//! The engine: objects, transactions, reads through deltas, commit.
+//!
+//! ## State
+//! The committed state is the backing tree as of the last checkpoint
+//! (*base*) with the *committed delta* on top: everything committed since.
+//! A live transaction adds its own delta on top of that. All of it sits
+//! behind one lock ([`State`]); journal `fdatasync` runs outside it (group
+//! commit), so durable committers do not serialize on the disk.
+//!
+//! ## Transaction states
+//! ```text
+//!   begin() --> Live --op fails with Conflict--> Doomed --abort()--> gone
+//!                 |                                 `--commit()--> Conflict, gone
+//!                 |--commit(): validate (I3) --stale--> Conflict, gone
+//!                 |            append record (J2), compose into committed
+//!                 |            delta, stamp versions (I2) --> Committed
+//!                 `--abort() / drop of the owner --> gone (nothing written)
+//! ```
+//! Isolation rules (numbered in docs/DESIGN.md):
+//! * I1: a transaction's delta is reachable only through its `TxId`.
+//! * I2: a read of an item stamped after the transaction's start fails with
+//!   Conflict instead of returning a newer value: every read sees the
+//!   committed state as of `begin()`.
+//! * I3: commit re-validates the whole read set; it holds the lock from
+//!   validation to publication, so commits are totally ordered.
+//! * I4: an operation outside a transaction runs as a transaction of one
+//!   operation, validated and committed under the same lock hold: it never
+//!   conflicts. A transaction that read what it changed fails later (the
+//!   documented policy: the transaction, not the plain writer, loses).
+
+use crate::checkpoint;
+use crate::delta::{AttrDelta, DataLoc, Delta, FileDelta, NewObj, NO_CUT};
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{Epoch, ObjId, Seq, TxId};
+use crate::journal::{self, JPos, JournalWriter, SyncState};
+use crate::storage::{FileKind, Meta, Storage, StoredFile, Timestamp};
+use crate::versions::{ReadSet, Versions, PAGE};
+use parking_lot::{Mutex, MutexGuard};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Name of the engine's own folder in the backing root, hidden from users.
+pub const META_DIR: &str = ".txfs";
+pub const NAME_MAX: usize = 255;
+
+/// Reserved object ids: the root, `.txfs`, `.txfs/orphans`.
+pub(crate) const META_OBJ: ObjId = ObjId(2);
+pub(crate) const ORPHANS_OBJ: ObjId = ObjId(3);
+pub(crate) const FIRST_FREE_OBJ: u64 = 16;
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Bytes of written data a transaction keeps in memory before spilling
+    /// the rest to `.txfs/spill/`.
+    pub spill_threshold: u64,
+    /// Journal size that triggers a background checkpoint.
+    pub checkpoint_bytes: u64,
+    /// How often the background thread makes ordered commits durable and
+    /// checks the journal size; `None`: no background thread.
+    pub flush_interval: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            spill_threshold: 64 << 20,
+            checkpoint_bytes: 256 << 20,
+            flush_interval: Some(Duration::from_millis(500)),
+        }
+    }
+}
+
+/// How a commit returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Returns after the commit is durable.
+    Durable,
+    /// Returns once the commit's place in the order is fixed; durable at the
+    /// next sync, durable commit or background flush. After a crash the
+    /// recovered state is always a prefix of the commit order.
+    Ordered,
+}
+
+/// Attributes of an object as a transaction (or everyone) sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub obj: ObjId,
+    pub kind: FileKind,
+    pub size: u64,
+    pub mode: u32,
+    pub nlink: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: OsString,
+    pub obj: ObjId,
+    pub kind: FileKind,
+}
+
+/// Attribute changes for [`Engine::setattr`].
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+}
+
+/// Flags of [`Engine::rename`] (as `renameat2`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+/// Live counters, for `txfs status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub commits: u64,
+    pub aborts: u64,
+    pub conflicts: u64,
+    pub live_txs: u64,
+    pub journal_bytes: u64,
+    pub journal_syncs: u64,
+    pub checkpoints: u64,
+    pub last_seq: u64,
+}
+
+/// Where an object lives in the backing tree: a name in a directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BaseLoc {
+    pub parent: ObjId,
+    pub name: OsString,
+}
+
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub kind: FileKind,
+    /// `None`: created since the last checkpoint, or gone.
+    pub base: Option<BaseLoc>,
+    pub open: u32,
+    pub gone: bool,
+    pub ino: Option<(u64, u64)>,
+}
+
+pub(crate) struct Tx {
+    pub id: TxId,
+    pub start: Seq,
+    pub delta: Delta,
+    pub reads: ReadSet,
+    pub doomed: Option<String>,
+    pub mem_bytes: u64,
+    pub spill: Option<(Arc<dyn StoredFile>, u64)>,
+}
+
+impl Tx {
+    fn new(id: TxId, start: Seq) -> Tx {
+        Tx { id, start, delta: Delta::default(), reads: ReadSet::default(), doomed: None, mem_bytes: 0, spill: None }
+    }
+}
+
+pub(crate) struct State {
+    pub storage: Arc<dyn Storage>,
+    pub nodes: HashMap<ObjId, Node>,
+    pub by_ino: HashMap<(u64, u64), ObjId>,
+    pub committed: Delta,
+    /// Directory parents changed by the committed delta (dirs only).
+    pub txs: HashMap<TxId, Tx>,
+    pub ver: Versions,
+    pub next_obj: u64,
+    pub next_tx: u64,
+    pub seq: Seq,
+    pub journal: JournalWriter,
+    pub journal_files: HashMap<Epoch, Arc<dyn StoredFile>>,
+    pub spills: HashMap<TxId, Arc<dyn StoredFile>>,
+    pub poisoned: Option<String>,
+    pub stats: Stats,
+    pub spill_threshold: u64,
+}
+
+pub(crate) struct Shared {
+    pub state: Mutex<State>,
+    pub sync: SyncState,
+    pub opts: Options,
+    pub stop: AtomicBool,
+    pub ckpt_lock: Mutex<()>,
+    pub flushes: AtomicU64,
+}
+
+/// A transactional file system over a backing directory, in-process.
+///
+/// Dropping the engine stops its background thread; call [`Engine::close`]
+/// to checkpoint first so the backing tree holds plain committed files.
+pub struct Engine {
+    pub(crate) shared: Arc<Shared>,
+    bg: Option<std::thread::JoinHandle<()>>,
+}
+
+pub(crate) fn check_name(name: &OsStr) -> Result<()> {
+    let b = name.as_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0) {
+        return Err(Error::posix("name", format!("{name:?} is not a valid file name"), libc::EINVAL));
+    }
+    if b.len() > NAME_MAX {
+        return Err(Error::posix("name", format!("{} bytes is longer than {NAME_MAX}", b.len()), libc::ENAMETOOLONG));
+    }
+    Ok(())
+}
+
+fn reserved(parent: ObjId, name: &OsStr) -> bool {
+    parent == ObjId::ROOT && name == META_DIR
+}
+
+impl State {
+    pub(crate) fn new_obj(&mut self, kind: FileKind) -> ObjId {
+        let o = ObjId(self.next_obj);
+        self.next_obj += 1;
+        self.nodes.insert(o, Node { kind, base: None, open: 0, gone: false, ino: None });
+        o
+    }
+
+    /// Path of an object in the backing tree (J1: unchanged between checkpoints).
+    pub(crate) fn base_path(&self, o: ObjId) -> Option<PathBuf> {
+        let mut parts: Vec<&OsStr> = Vec::new();
+        let mut cur = o;
+        let mut guard = 0;
+        while cur != ObjId::ROOT {
+            let n = self.nodes.get(&cur)?;
+            let loc = n.base.as_ref()?;
+            parts.push(&loc.name);
+            cur = loc.parent;
+            guard += 1;
+            if guard > 4096 {
+                return None;
+            }
+        }
+        let mut p = PathBuf::new();
+        for s in parts.iter().rev() {
+            p.push(s);
+        }
+        Some(p)
+    }
+
+    fn is_created(&self, tx: &Tx, o: ObjId) -> bool {
+        tx.delta.created.contains_key(&o) || self.committed.created.contains_key(&o)
+    }
+
+    pub(crate) fn node_kind(&self, o: ObjId) -> Result<FileKind> {
+        self.nodes.get(&o).map(|n| n.kind).ok_or(Error::Stale(o))
+    }
+
+    /// The object named `name` in the backing directory `dir`, creating its
+    /// node on first sight.
+    pub(crate) fn base_child(&mut self, dir: ObjId, name: &OsStr) -> Result<Option<ObjId>> {
+        let Some(dpath) = self.base_path(dir) else { return Ok(None) };
+        let path = dpath.join(name);
+        let meta = match self.storage.lstat(&path) {
+            Ok(m) => m,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) || e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(None)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(Error::io("lookup", path.display().to_string(), e)),
+        };
+        let key = (meta.dev, meta.ino);
+        if let Some(&o) = self.by_ino.get(&key) {
+            if let Some(n) = self.nodes.get(&o) {
+                if n.kind == meta.kind && !n.gone {
+                    return Ok(Some(o));
+                }
+            }
+        }
+        let o = self.new_obj(meta.kind);
+        let n = self.nodes.get_mut(&o).expect("just made");
+        n.base = Some(BaseLoc { parent: dir, name: name.to_owned() });
+        n.ino = Some(key);
+        self.by_ino.insert(key, o);
+        Ok(Some(o))
+    }
+
+    fn base_meta(&self, o: ObjId) -> Result<Option<Meta>> {
+        let n = self.nodes.get(&o).ok_or(Error::Stale(o))?;
+        if n.base.is_none() {
+            return Ok(None);
+        }
+        let Some(p) = self.base_path(o) else { return Ok(None) };
+        match self.storage.lstat(&p) {
+            Ok(m) => Ok(Some(m)),
+            Err(e) => Err(Error::io("stat", p.display().to_string(), e)),
+        }
+    }
+
+    pub(crate) fn fetch(&self, loc: &DataLoc, out: &mut [u8]) -> std::io::Result<()> {
+        match loc {
+            DataLoc::Mem(b, s) => {
+                let src = b.get(*s..*s + out.len()).ok_or_else(|| std::io::Error::other("memory extent out of range"))?;
+                out.copy_from_slice(src);
+                Ok(())
+            }
+            DataLoc::Spill(t, off) => {
+                let f = self.spills.get(t).ok_or_else(|| std::io::Error::other("spill file gone"))?;
+                journal::read_exact(&**f, *off, out)
+            }
+            DataLoc::Journal(e, off) => {
+                let f = self.journal_files.get(e).ok_or_else(|| std::io::Error::other("journal file gone"))?;
+                journal::read_exact(&**f, *off, out)
+            }
+        }
+    }
+
+    // ----- versions: eager checks (I2) -------------------------------------
+
+    fn conflict(tx: &mut Tx, what: String) -> Error {
+        tx.doomed = Some(what.clone());
+        Error::Conflict { tx: tx.id, what }
+    }
+
+    fn read_meta(&self, tx: &mut Tx, o: ObjId) -> Result<()> {
+        if self.ver.metas.get(&o).is_some_and(|q| *q > tx.start) {
+            return Err(Self::conflict(tx, format!("attributes of {o}")));
+        }
+        tx.reads.metas.insert(o);
+        Ok(())
+    }
+
+    fn read_name(&self, tx: &mut Tx, dir: ObjId, name: &OsStr) -> Result<()> {
+        let key = (dir, name.to_owned());
+        if self.ver.names.get(&key).is_some_and(|q| *q > tx.start) {
+            return Err(Self::conflict(tx, format!("name {name:?} in {dir}")));
+        }
+        tx.reads.names.insert(key);
+        Ok(())
+    }
+
+    fn read_list(&self, tx: &mut Tx, dir: ObjId) -> Result<()> {
+        if self.ver.lists.get(&dir).is_some_and(|q| *q > tx.start) {
+            return Err(Self::conflict(tx, format!("listing of {dir}")));
+        }
+        tx.reads.lists.insert(dir);
+        Ok(())
+    }
+
+    fn read_pages(&self, tx: &mut Tx, o: ObjId, off: u64, end: u64) -> Result<()> {
+        if end <= off {
+            return Ok(());
+        }
+        let (p0, p1) = (off / PAGE, end.div_ceil(PAGE));
+        if let Some(f) = tx.delta.objs.get(&o).and_then(|d| d.file.as_ref()) {
+            if f.ext.covers(off, end) {
+                return Ok(());
+            }
+        }
+        if self.ver.pages.get(&o).is_some_and(|r| r.newest(p0, p1) > tx.start) {
+            return Err(Self::conflict(tx, format!("data of {o}")));
+        }
+        tx.reads.pages.entry(o).or_default().push((p0, p1));
+        Ok(())
+    }
+
+    // ----- views ------------------------------------------------------------
+
+    /// The object under `name` in `dir` as `tx` sees it.
+    pub(crate) fn lookup(&mut self, tx: &mut Tx, dir: ObjId, name: &OsStr) -> Result<Option<ObjId>> {
+        if reserved(dir, name) {
+            return Ok(None);
+        }
+        if let Some(e) = tx.delta.entry(dir, name) {
+            return Ok(e);
+        }
+        self.read_name(tx, dir, name)?;
+        if let Some(e) = self.committed.entry(dir, name) {
+            return Ok(e);
+        }
+        if self.is_created(tx, dir) {
+            return Ok(None);
+        }
+        self.base_child(dir, name)
+    }
+
+    /// Attributes of `o` as `tx` sees them; records the read.
+    pub(crate) fn attr(&mut self, tx: &mut Tx, o: ObjId) -> Result<Attr> {
+        self.read_meta(tx, o)?;
+        self.attr_unrecorded(Some(tx), o)
+    }
+
+    /// Attributes without recording a read (for the committed view, `tx = None`).
+    pub(crate) fn attr_unrecorded(&self, tx: Option<&Tx>, o: ObjId) -> Result<Attr> {
+        let node = self.nodes.get(&o).ok_or(Error::Stale(o))?;
+        if node.gone {
+            return Err(Error::Stale(o));
+        }
+        let mut a = match self.base_meta(o)? {
+            Some(m) => Attr {
+                obj: o,
+                kind: m.kind,
+                size: m.size,
+                mode: m.mode,
+                nlink: m.nlink,
+                uid: m.uid,
+                gid: m.gid,
+                rdev: m.rdev,
+                atime: m.atime,
+                mtime: m.mtime,
+                ctime: m.ctime,
+            },
+            None => Attr {
+                obj: o,
+                kind: node.kind,
+                size: 0,
+                mode: 0,
+                nlink: 0,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                atime: Timestamp::default(),
+                mtime: Timestamp::default(),
+                ctime: Timestamp::default(),
+            },
+        };
+        let layers = [Some(&self.committed), tx.map(|t| &t.delta)];
+        for d in layers.into_iter().flatten() {
+            if let Some(od) = d.objs.get(&o) {
+                apply_attr(&mut a, &od.attr);
+                if let Some(f) = &od.file {
+                    a.size = f.size_after(a.size);
+                }
+            }
+        }
+        if let Some(n) = tx.and_then(|t| t.delta.created.get(&o)).or_else(|| self.committed.created.get(&o)) {
+            if let Some(t) = &n.target {
+                a.size = t.len() as u64;
+            }
+        }
+        Ok(a)
+    }
+
+    /// Reads file content as `tx` (or, with `None`, everyone) sees it.
+    pub(crate) fn read_content(&self, tx: Option<&Tx>, o: ObjId, off: u64, len: usize) -> Result<Vec<u8>> {
+        let base_size = match self.base_meta(o)? {
+            Some(m) => m.size,
+            None => 0,
+        };
+        let mut buf = vec![0u8; len];
+        if off < base_size {
+            let path = self.base_path(o).ok_or(Error::Stale(o))?;
+            let want = ((base_size - off) as usize).min(len);
+            let mut got = 0;
+            while got < want {
+                let n = self
+                    .storage
+                    .read_at(&path, off + got as u64, &mut buf[got..want])
+                    .ctx("read", || path.display().to_string())?;
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            buf[got..].fill(0);
+        }
+        let mut size = base_size;
+        let layers = [Some(&self.committed), tx.map(|t| &t.delta)];
+        for d in layers.into_iter().flatten() {
+            if let Some(f) = d.objs.get(&o).and_then(|od| od.file.as_ref()) {
+                size = f
+                    .overlay(size, off, &mut buf, &mut |loc, out| self.fetch(loc, out))
+                    .ctx("read", || format!("{o} at {off}"))?;
+            }
+        }
+        let keep = size.saturating_sub(off).min(len as u64) as usize;
+        buf.truncate(keep);
+        Ok(buf)
+    }
+
+    fn readlink_view(&self, tx: &Tx, o: ObjId) -> Result<OsString> {
+        if let Some(n) = tx.delta.created.get(&o).or_else(|| self.committed.created.get(&o)) {
+            return n.target.clone().ok_or_else(|| Error::posix("readlink", o.to_string(), libc::EINVAL));
+        }
+        let p = self.base_path(o).ok_or(Error::Stale(o))?;
+        self.storage.readlink(&p).ctx("readlink", || p.display().to_string())
+    }
+
+    /// Entries of `dir` as `tx` sees them; records the listing read.
+    pub(crate) fn readdir(&mut self, tx: &mut Tx, dir: ObjId) -> Result<Vec<DirEntry>> {
+        self.read_list(tx, dir)?;
+        let mut names: BTreeMap<OsString, Option<ObjId>> = BTreeMap::new();
+        if !self.is_created(tx, dir) {
+            if let Some(p) = self.base_path(dir) {
+                let list = self.storage.read_dir(&p).ctx("readdir", || p.display().to_string())?;
+                for (name, _) in list {
+                    if reserved(dir, &name) {
+                        continue;
+                    }
+                    names.insert(name, None);
+                }
+                let base_names: Vec<OsString> = names.keys().cloned().collect();
+                for n in base_names {
+                    let o = self.base_child(dir, &n)?;
+                    names.insert(n, o);
+                }
+            }
+        }
+        for d in [&self.committed, &tx.delta] {
+            if let Some(dd) = d.dirs.get(&dir) {
+                for (n, e) in dd {
+                    names.insert(n.clone(), *e);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for (name, o) in names {
+            if let Some(o) = o {
+                out.push(DirEntry { name, obj: o, kind: self.node_kind(o)? });
+            }
+        }
+        Ok(out)
+    }
+
+    fn parent_of(&self, tx: &Tx, dir: ObjId) -> Option<ObjId> {
+        // A directory's parent: from the newest delta that placed it, else base.
+        for d in [&tx.delta, &self.committed] {
+            if let Some(p) = d.parents.get(&dir) {
+                return Some(*p);
+            }
+        }
+        self.nodes.get(&dir)?.base.as_ref().map(|b| b.parent)
+    }
+
+    fn expect_dir(&mut self, tx: &mut Tx, o: ObjId) -> Result<()> {
+        match self.node_kind(o)? {
+            FileKind::Dir => Ok(()),
+            _ => Err(Error::posix("lookup", format!("{o} is not a directory"), libc::ENOTDIR)),
+        }
+        .and_then(|_| if self.nodes[&o].gone { Err(Error::Stale(o)) } else { Ok(()) })
+        .map(|_| {
+            let _ = tx;
+        })
+    }
+
+    // ----- mutations (into tx's delta) --------------------------------------
+
+    fn touch(tx: &mut Tx, o: ObjId, mtime: bool) {
+        let now = Timestamp::now();
+        let a = &mut tx.delta.obj(o).attr;
+        a.ctime = Some(now);
+        if mtime {
+            a.mtime = Some(now);
+        }
+    }
+
+    fn create(
+        &mut self,
+        tx: &mut Tx,
+        parent: ObjId,
+        name: &OsStr,
+        kind: FileKind,
+        mode: u32,
+        owner: (u32, u32),
+        target: Option<&OsStr>,
+    ) -> Result<Attr> {
+        check_name(name)?;
+        self.expect_dir(tx, parent)?;
+        if reserved(parent, name) {
+            return Err(Error::posix("create", format!("{META_DIR} is reserved for txfs"), libc::EPERM));
+        }
+        if self.lookup(tx, parent, name)?.is_some() {
+            return Err(Error::posix("create", format!("{name:?} exists"), libc::EEXIST));
+        }
+        let pattr = self.attr(tx, parent)?;
+        let o = self.new_obj(kind);
+        let (uid, mut gid) = owner;
+        let mut mode = mode & 0o7777;
+        if pattr.mode & libc::S_ISGID != 0 {
+            gid = pattr.gid;
+            if kind == FileKind::Dir {
+                mode |= libc::S_ISGID;
+            }
+        }
+        tx.delta.created.insert(o, NewObj { kind, target: target.map(|t| t.to_owned()) });
+        tx.delta.dirs.entry(parent).or_default().insert(name.to_owned(), Some(o));
+        let now = Timestamp::now();
+        let od = tx.delta.obj(o);
+        od.attr = AttrDelta {
+            mode: Some(mode),
+            uid: Some(uid),
+            gid: Some(gid),
+            atime: Some(now),
+            mtime: Some(now),
+            ctime: Some(now),
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            xattrs: Default::default(),
+        };
+        if kind == FileKind::File {
+            od.file = Some(FileDelta::empty_new());
+        }
+        if kind == FileKind::Dir {
+            tx.delta.obj(parent).attr.nlink += 1;
+            tx.delta.parents.insert(o, parent);
+        }
+        Self::touch(tx, parent, true);
+        self.attr_unrecorded(Some(tx), o)
+    }
+
+    fn unlink_entry(&mut self, tx: &mut Tx, parent: ObjId, name: &OsStr, dir: bool) -> Result<()> {
+        check_name(name)?;
+        self.expect_dir(tx, parent)?;
+        let o = self
+            .lookup(tx, parent, name)?
+            .ok_or_else(|| Error::posix(if dir { "rmdir" } else { "unlink" }, format!("{name:?}"), libc::ENOENT))?;
+        let kind = self.node_kind(o)?;
+        if dir {
+            if kind != FileKind::Dir {
+                return Err(Error::posix("rmdir", format!("{name:?}"), libc::ENOTDIR));
+            }
+            if !self.readdir(tx, o)?.is_empty() {
+                return Err(Error::posix("rmdir", format!("{name:?}"), libc::ENOTEMPTY));
+            }
+        } else if kind == FileKind::Dir {
+            return Err(Error::posix("unlink", format!("{name:?}"), libc::EISDIR));
+        }
+        self.drop_link(tx, parent, name, o, kind);
+        Ok(())
+    }
+
+    /// Removes the entry `name -> o` from `parent` and adjusts link counts.
+    fn drop_link(&mut self, tx: &mut Tx, parent: ObjId, name: &OsStr, o: ObjId, kind: FileKind) {
+        tx.delta.dirs.entry(parent).or_default().insert(name.to_owned(), None);
+        if kind == FileKind::Dir {
+            tx.delta.obj(o).attr.nlink -= 2;
+            tx.delta.obj(parent).attr.nlink -= 1;
+        } else {
+            tx.delta.obj(o).attr.nlink -= 1;
+        }
+        Self::touch(tx, o, false);
+        Self::touch(tx, parent, true);
+    }
+
+    fn rename(
+        &mut self,
+        tx: &mut Tx,
+        from_dir: ObjId,
+        from: &OsStr,
+        to_dir: ObjId,
+        to: &OsStr,
+        flags: RenameFlags,
+    ) -> Result<()> {
+        check_name(from)?;
+        check_name(to)?;
+        self.expect_dir(tx, from_dir)?;
+        self.expect_dir(tx, to_dir)?;
+        if reserved(to_dir, to) || reserved(from_dir, from) {
+            return Err(Error::posix("rename", format!("{META_DIR} is reserved for txfs"), libc::EPERM));
+        }
+        let src = self.lookup(tx, from_dir, from)?.ok_or_else(|| Error::posix("rename", format!("{from:?}"), libc::ENOENT))?;
+        let dst = self.lookup(tx, to_dir, to)?;
+        let skind = self.node_kind(src)?;
+        if flags.noreplace && dst.is_some() {
+            return Err(Error::posix("rename", format!("{to:?} exists"), libc::EEXIST));
+        }
+        if flags.exchange && dst.is_none() {
+            return Err(Error::posix("rename", format!("{to:?}"), libc::ENOENT));
+        }
+        // A directory may not move into its own subtree.
+        for (moving, kind, dest) in [(src, skind, to_dir), (dst.unwrap_or(src), skind, from_dir)] {
+            if kind == FileKind::Dir || self.node_kind(moving)? == FileKind::Dir {
+                let mut cur = Some(dest);
+                let mut hops = 0;
+                while let Some(c) = cur {
+                    if c == moving {
+                        return Err(Error::posix("rename", format!("{from:?} into its own subtree"), libc::EINVAL));
+                    }
+                    if c == ObjId::ROOT || hops > 4096 {
+                        break;
+                    }
+                    self.read_meta(tx, c)?;
+                    cur = self.parent_of(tx, c);
+                    hops += 1;
+                }
+            }
+            if !flags.exchange {
+                break;
+            }
+        }
+        if dst == Some(src) {
+            return Ok(());
+        }
+        if flags.exchange {
+            let dst = dst.expect("checked");
+            let dkind = self.node_kind(dst)?;
+            tx.delta.dirs.entry(from_dir).or_default().insert(from.to_owned(), Some(dst));
+            tx.delta.dirs.entry(to_dir).or_default().insert(to.to_owned(), Some(src));
+            if from_dir != to_dir {
+                for (o, k, newp, oldp) in [(src, skind, to_dir, from_dir), (dst, dkind, from_dir, to_dir)] {
+                    if k == FileKind::Dir {
+                        tx.delta.parents.insert(o, newp);
+                        tx.delta.obj(newp).attr.nlink += 1;
+                        tx.delta.obj(oldp).attr.nlink -= 1;
+                    }
+                }
+            }
+            for o in [src, dst, from_dir, to_dir] {
+                Self::touch(tx, o, o == from_dir || o == to_dir);
+            }
+            return Ok(());
+        }
+        if let Some(d) = dst {
+            let dkind = self.node_kind(d)?;
+            match (skind == FileKind::Dir, dkind == FileKind::Dir) {
+                (true, false) => return Err(Error::posix("rename", format!("{to:?} is not a directory"), libc::ENOTDIR)),
+                (false, true) => return Err(Error::posix("rename", format!("{to:?} is a directory"), libc::EISDIR)),
+                (true, true) => {
+                    if !self.readdir(tx, d)?.is_empty() {
+                        return Err(Error::posix("rename", format!("{to:?}"), libc::ENOTEMPTY));
+                    }
+                }
+                _ => {}
+            }
+            self.drop_link(tx, to_dir, to, d, dkind);
+        }
+        tx.delta.dirs.entry(from_dir).or_default().insert(from.to_owned(), None);
+        tx.delta.dirs.entry(to_dir).or_default().insert(to.to_owned(), Some(src));
+        if skind == FileKind::Dir {
+            tx.delta.parents.insert(src, to_dir);
+            if from_dir != to_dir {
+                tx.delta.obj(from_dir).attr.nlink -= 1;
+                tx.delta.obj(to_dir).attr.nlink += 1;
+            }
+        }
+        Self::touch(tx, src, false);
+        Self::touch(tx, from_dir, true);
+        Self::touch(tx, to_dir, true);
+        Ok(())
+    }
+
+    fn write(&mut self, tx: &mut Tx, o: ObjId, off: u64, data: &[u8]) -> Result<()> {
+        match self.node_kind(o)? {
+            FileKind::File => {}
+            FileKind::Dir => return Err(Error::posix("write", o.to_string(), libc::EISDIR)),
+            _ => return Err(Error::posix("write", o.to_string(), libc::EINVAL)),
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        off.checked_add(data.len() as u64)
+            .filter(|e| *e <= i64::MAX as u64)
+            .ok_or_else(|| Error::posix("write", format!("{o} at {off}"), libc::EFBIG))?;
+        let loc = if tx.mem_bytes + data.len() as u64 > self.spill_threshold {
+            self.spill(tx, data)?
+        } else {
+            tx.mem_bytes += data.len() as u64;
+            DataLoc::Mem(Arc::new(data.to_vec()), 0)
+        };
+        let od = tx.delta.obj(o);
+        od.file.get_or_insert_with(FileDelta::default).write(off, data.len() as u64, loc);
+        Self::touch(tx, o, true);
+        Ok(())
+    }
+
+    fn spill(&mut self, tx: &mut Tx, data: &[u8]) -> Result<DataLoc> {
+        if tx.spill.is_none() {
+            let path = spill_path(tx.id);
+            let f = self.storage.open_file(&path, true).ctx("spill", || path.display().to_string())?;
+            f.set_len(0).ctx("spill", || path.display().to_string())?;
+            self.spills.insert(tx.id, f.clone());
+            tx.spill = Some((f, 0));
+        }
+        let (f, end) = tx.spill.as_mut().expect("just set");
+        f.write_at(*end, data).ctx("spill write", || format!("{}", spill_path(tx.id).display()))?;
+        let loc = DataLoc::Spill(tx.id, *end);
+        *end += data.len() as u64;
+        Ok(loc)
+    }
+
+    fn truncate(&mut self, tx: &mut Tx, o: ObjId, size: u64) -> Result<()> {
+        match self.node_kind(o)? {
+            FileKind::File => {}
+            FileKind::Dir => return Err(Error::posix("truncate", o.to_string(), libc::EISDIR)),
+            _ => return Err(Error::posix("truncate", o.to_string(), libc::EINVAL)),
+        }
+        if size > i64::MAX as u64 {
+            return Err(Error::posix("truncate", format!("{o} to {size}"), libc::EFBIG));
+        }
+        tx.delta.obj(o).file.get_or_insert_with(FileDelta::default).truncate(size);
+        Self::touch(tx, o, true);
+        Ok(())
+    }
+
+    fn discard_tx(&mut self, tx: &Tx) {
+        if tx.spill.is_some() {
+            self.spills.remove(&tx.id);
+            let _ = self.storage.unlink(&spill_path(tx.id));
+        }
+    }
+}
+
+pub(crate) fn spill_path(t: TxId) -> PathBuf {
+    Path::new(META_DIR).join("spill").join(format!("{}", t.0))
+}
+
+fn apply_attr(a: &mut Attr, d: &AttrDelta) {
+    if let Some(m) = d.mode {
+        a.mode = m;
+    }
+    if let Some(u) = d.uid {
+        a.uid = u;
+    }
+    if let Some(g) = d.gid {
+        a.gid = g;
+    }
+    if let Some(t) = d.atime {
+        a.atime = t;
+    }
+    if let Some(t) = d.mtime {
+        a.mtime = t;
+    }
+    if let Some(t) = d.ctime {
+        a.ctime = t;
+    }
+    a.nlink = (a.nlink as i64 + d.nlink).max(0) as u64;
+}
+
+impl Engine {
+    /// Opens (and, if needed, initializes and recovers) the backing store.
+    /// Recovery replays the journal and checkpoints it, so afterwards the
+    /// backing tree holds exactly the committed state as plain files.
+    pub fn open(storage: Arc<dyn Storage>, opts: Options) -> Result<Engine> {
+        let state = crate::recovery::recover(storage, &opts)?;
+        let sync = SyncState::new(state.journal.epoch, state.journal.file.clone(), state.journal.end);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            sync,
+            opts: opts.clone(),
+            stop: AtomicBool::new(false),
+            ckpt_lock: Mutex::new(()),
+            flushes: AtomicU64::new(0),
+        });
+        let engine = Engine { shared, bg: None };
+        engine.checkpoint()?;
+        let mut engine = engine;
+        if let Some(iv) = opts.flush_interval {
+            let sh = engine.shared.clone();
+            engine.bg = Some(
+                std::thread::Builder::new()
+                    .name("txfs-flush".into())
+                    .spawn(move || background(sh, iv))
+                    .map_err(|e| Error::io("spawn", "background flusher", e))?,
+            );
+        }
+        Ok(engine)
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock()
+    }
+
+    pub fn begin(&self) -> TxId {
+        let mut st = self.lock();
+        st.next_tx += 1;
+        let id = TxId(st.next_tx);
+        let start = st.seq;
+        st.txs.insert(id, Tx::new(id, start));
+        st.stats.live_txs = st.txs.len() as u64;
+        id
+    }
+
+    /// Runs `f` inside `tx`, or as a one-operation transaction committed
+    /// (ordered) before the lock is released (I4).
+    fn run<T>(&self, tx: Option<TxId>, f: impl FnOnce(&mut State, &mut Tx) -> Result<T>) -> Result<T> {
+        let mut st = self.lock();
+        if let Some(p) = &st.poisoned {
+            return Err(Error::Poisoned(p.clone()));
+        }
+        match tx {
+            Some(id) => {
+                let mut t = st.txs.remove(&id).ok_or(Error::NoSuchTx(id))?;
+                let res = match &t.doomed {
+                    Some(w) => Err(Error::Conflict { tx: id, what: w.clone() }),
+                    None => f(&mut st, &mut t),
+                };
+                if let Err(Error::Conflict { .. }) = &res {
+                    st.stats.conflicts += 1;
+                }
+                st.txs.insert(id, t);
+                res
+            }
+            None => {
+                st.next_tx += 1;
+                let mut t = Tx::new(TxId(st.next_tx), st.seq);
+                t.mem_bytes = 0;
+                let out = f(&mut st, &mut t);
+                match out {
+                    Ok(v) => {
+                        if !t.delta.is_empty() {
+                            commit_locked(&mut st, &self.shared.sync, t)?;
+                        }
+                        Ok(v)
+                    }
+                    Err(e) => {
+                        st.discard_tx(&t);
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Commits `tx`. On [`Error::Conflict`] the transaction is gone and
+    /// nothing of it survives: retry it from the start.
+    pub fn commit(&self, tx: TxId, durability: Durability) -> Result<()> {
+        let pos = {
+            let mut st = self.lock();
+            let t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
+            st.stats.live_txs = st.txs.len() as u64;
+            if let Some(p) = st.poisoned.clone() {
+                st.discard_tx(&t);
+                return Err(Error::Poisoned(p));
+            }
+            let r = commit_locked(&mut st, &self.shared.sync, t);
+            if let Err(Error::Conflict { .. }) = &r {
+                st.stats.conflicts += 1;
+                st.stats.aborts += 1;
+            }
+            if st.txs.is_empty() {
+                st.ver.prune_all();
+            }
+            r?
+        };
+        if durability == Durability::Durable {
+            self.shared.sync.wait_durable(pos)?;
+        }
+        self.maybe_checkpoint();
+        Ok(())
+    }
+
+    pub fn abort(&self, tx: TxId) -> Result<()> {
+        let mut st = self.lock();
+        let t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
+        st.discard_tx(&t);
+        st.stats.aborts += 1;
+        st.stats.live_txs = st.txs.len() as u64;
+        if st.txs.is_empty() {
+            st.ver.prune_all();
+        }
+        Ok(())
+    }
+
+    /// True if `tx` is live.
+    pub fn is_live(&self, tx: TxId) -> bool {
+        self.lock().txs.contains_key(&tx)
+    }
+
+    pub fn lookup(&self, tx: Option<TxId>, parent: ObjId, name: &OsStr) -> Result<Attr> {
+        check_name(name)?;
+        self.run(tx, |st, t| {
+            st.expect_dir(t, parent)?;
+            let o = st
+                .lookup(t, parent, name)?
+                .ok_or_else(|| Error::posix("lookup", format!("{name:?} in {parent}"), libc::ENOENT))?;
+            st.attr(t, o)
+        })
+    }
+
+    pub fn getattr(&self, tx: Option<TxId>, o: ObjId) -> Result<Attr> {
+        self.run(tx, |st, t| st.attr(t, o))
+    }
+
+    pub fn setattr(&self, tx: Option<TxId>, o: ObjId, set: &SetAttr) -> Result<Attr> {
+        self.run(tx, |st, t| {
+            st.attr(t, o)?;
+            if let Some(s) = set.size {
+                st.truncate(t, o, s)?;
+            }
+            let a = &mut t.delta.obj(o).attr;
+            a.mode = set.mode.map(|m| m & 0o7777).or(a.mode);
+            a.uid = set.uid.or(a.uid);
+            a.gid = set.gid.or(a.gid);
+            a.atime = set.atime.or(a.atime);
+            a.mtime = set.mtime.or(a.mtime);
+            a.ctime = Some(Timestamp::now());
+            st.attr_unrecorded(Some(t), o)
+        })
+    }
+
+    /// Reads up to `len` bytes at `off` (fewer at end of file).
+    pub fn read(&self, tx: Option<TxId>, o: ObjId, off: u64, len: usize) -> Result<Vec<u8>> {
+        self.run(tx, |st, t| {
+            match st.node_kind(o)? {
+                FileKind::File => {}
+                FileKind::Dir => return Err(Error::posix("read", o.to_string(), libc::EISDIR)),
+                _ => return Err(Error::posix("read", o.to_string(), libc::EINVAL)),
+            }
+            st.read_pages(t, o, off, off.saturating_add(len as u64))?;
+            let out = st.read_content(Some(t), o, off, len)?;
+            if out.len() < len {
+                // A short read depends on the size.
+                st.read_meta(t, o)?;
+            }
+            Ok(out)
+        })
+    }
+
+    pub fn write(&self, tx: Option<TxId>, o: ObjId, off: u64, data: &[u8]) -> Result<usize> {
+        self.run(tx, |st, t| st.write(t, o, off, data).map(|_| data.len()))
+    }
+
+    /// Appends at the end of the file as this transaction sees it; returns
+    /// the offset written at.
+    pub fn append(&self, tx: Option<TxId>, o: ObjId, data: &[u8]) -> Result<u64> {
+        self.run(tx, |st, t| {
+            let size = st.attr(t, o)?.size;
+            st.write(t, o, size, data)?;
+            Ok(size)
+        })
+    }
+
+    pub fn truncate(&self, tx: Option<TxId>, o: ObjId, size: u64) -> Result<()> {
+        self.run(tx, |st, t| st.truncate(t, o, size))
+    }
+
+    /// Creates a regular file; `EEXIST` if the name is taken.
+    pub fn create(&self, tx: Option<TxId>, parent: ObjId, name: &OsStr, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.run(tx, |st, t| st.create(t, parent, name, FileKind::File, mode, (uid, gid), None))
+    }
+
+    pub fn mkdir(&self, tx: Option<TxId>, parent: ObjId, name: &OsStr, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.run(tx, |st, t| st.create(t, parent, name, FileKind::Dir, mode, (uid, gid), None))
+    }
+
+    pub fn symlink(&self, tx: Option<TxId>, parent: ObjId, name: &OsStr, target: &OsStr, uid: u32, gid: u32) -> Result<Attr> {
+        if target.is_empty() || target.len() > 4095 {
+            return Err(Error::posix("symlink", format!("target of {name:?}"), if target.is_empty() { libc::ENOENT } else { libc::ENAMETOOLONG }));
+        }
+        self.run(tx, |st, t| st.create(t, parent, name, FileKind::Symlink, 0o777, (uid, gid), Some(target)))
+    }
+
+    pub fn readlink(&self, tx: Option<TxId>, o: ObjId) -> Result<OsString> {
+        self.run(tx, |st, t| {
+            if st.node_kind(o)? != FileKind::Symlink {
+                return Err(Error::posix("readlink", o.to_string(), libc::EINVAL));
+            }
+            st.read_meta(t, o)?;
+            st.readlink_view(t, o)
+        })
+    }
+
+    pub fn link(&self, tx: Option<TxId>, o: ObjId, parent: ObjId, name: &OsStr) -> Result<Attr> {
+        self.run(tx, |st, t| {
+            check_name(name)?;
+            st.expect_dir(t, parent)?;
+            if st.node_kind(o)? == FileKind::Dir {
+                return Err(Error::posix("link", format!("{o} is a directory"), libc::EPERM));
+            }
+            if reserved(parent, name) {
+                return Err(Error::posix("link", format!("{META_DIR} is reserved for txfs"), libc::EPERM));
+            }
+            let a = st.attr(t, o)?;
+            if a.nlink == 0 {
+                return Err(Error::posix("link", format!("{o} was removed"), libc::ENOENT));
+            }
+            if st.lookup(t, parent, name)?.is_some() {
+                return Err(Error::posix("link", format!("{name:?} exists"), libc::EEXIST));
+            }
+            t.delta.dirs.entry(parent).or_default().insert(name.to_owned(), Some(o));
+            t.delta.obj(o).attr.nlink += 1;
+            State::touch(t, o, false);
+            State::touch(t, parent, true);
+            st.attr_unrecorded(Some(t), o)
+        })
+    }
+
+    pub fn unlink(&self, tx: Option<TxId>, parent: ObjId, name: &OsStr) -> Result<()> {
+        self.run(tx, |st, t| st.unlink_entry(t, parent, name, false))
+    }
+
+    pub fn rmdir(&self, tx: Option<TxId>, parent: ObjId, name: &OsStr) -> Result<()> {
+        self.run(tx, |st, t| st.unlink_entry(t, parent, name, true))
+    }
+
+    pub fn rename(&self, tx: Option<TxId>, from_dir: ObjId, from: &OsStr, to_dir: ObjId, to: &OsStr, flags: RenameFlags) -> Result<()> {
+        self.run(tx, |st, t| st.rename(t, from_dir, from, to_dir, to, flags))
+    }
+
+    pub fn readdir(&self, tx: Option<TxId>, dir: ObjId) -> Result<Vec<DirEntry>> {
+        self.run(tx, |st, t| {
+            st.expect_dir(t, dir)?;
+            st.readdir(t, dir)
+        })
+    }
+
+    pub fn getxattr(&self, tx: Option<TxId>, o: ObjId, name: &OsStr) -> Result<Option<Vec<u8>>> {
+        self.run(tx, |st, t| {
+            st.read_meta(t, o)?;
+            for d in [&t.delta, &st.committed] {
+                if let Some(v) = d.objs.get(&o).and_then(|od| od.attr.xattrs.get(name)) {
+                    return Ok(v.clone());
+                }
+            }
+            if st.is_created(t, o) {
+                return Ok(None);
+            }
+            let p = st.base_path(o).ok_or(Error::Stale(o))?;
+            st.storage.get_xattr(&p, name).ctx("getxattr", || p.display().to_string())
+        })
+    }
+
+    pub fn listxattr(&self, tx: Option<TxId>, o: ObjId) -> Result<Vec<OsString>> {
+        self.run(tx, |st, t| {
+            st.read_meta(t, o)?;
+            let mut names: BTreeMap<OsString, bool> = BTreeMap::new();
+            if !st.is_created(t, o) {
+                let p = st.base_path(o).ok_or(Error::Stale(o))?;
+                for n in st.storage.list_xattrs(&p).ctx("listxattr", || p.display().to_string())? {
+                    names.insert(n, true);
+                }
+            }
+            for d in [&st.committed, &t.delta] {
+                if let Some(od) = d.objs.get(&o) {
+                    for (k, v) in &od.attr.xattrs {
+                        names.insert(k.clone(), v.is_some());
+                    }
+                }
+            }
+            Ok(names.into_iter().filter(|(_, p)| *p).map(|(k, _)| k).collect())
+        })
+    }
+
+    /// Sets (`Some`) or removes (`None`) an extended attribute. `create` and
+    /// `replace` are XATTR_CREATE / XATTR_REPLACE.
+    pub fn setxattr(&self, tx: Option<TxId>, o: ObjId, name: &OsStr, value: Option<&[u8]>, create: bool, replace: bool) -> Result<()> {
+        if name.is_empty() || name.len() > 255 {
+            return Err(Error::posix("setxattr", format!("{name:?}"), libc::ERANGE));
+        }
+        if value.is_some_and(|v| v.len() > 65536) {
+            return Err(Error::posix("setxattr", format!("{name:?}"), libc::E2BIG));
+        }
+        let exists = self.getxattr(tx, o, name)?.is_some();
+        if value.is_none() && !exists {
+            return Err(Error::posix("removexattr", format!("{name:?}"), libc::ENODATA));
+        }
+        if create && exists {
+            return Err(Error::posix("setxattr", format!("{name:?}"), libc::EEXIST));
+        }
+        if replace && !exists {
+            return Err(Error::posix("setxattr", format!("{name:?}"), libc::ENODATA));
+        }
+        self.run(tx, |st, t| {
+            st.node_kind(o)?;
+            t.delta.obj(o).attr.xattrs.insert(name.to_owned(), value.map(|v| v.to_vec()));
+            State::touch(t, o, false);
+            Ok(())
+        })
+    }
+
+    /// fsync: a no-op inside a transaction (the commit makes it durable);
+    /// outside, every commit so far becomes durable.
+    pub fn fsync(&self, tx: Option<TxId>) -> Result<()> {
+        if tx.is_some() {
+            return Ok(());
+        }
+        self.sync()
+    }
+
+    /// Makes every commit so far durable.
+    pub fn sync(&self) -> Result<()> {
+        let target = *self.shared.sync.written.lock();
+        self.shared.sync.wait_durable(target)
+    }
+
+    /// Marks an object open (an open file handle); an open object that is
+    /// unlinked stays readable until [`Engine::release`].
+    pub fn open_obj(&self, o: ObjId) -> Result<()> {
+        let mut st = self.lock();
+        let n = st.nodes.get_mut(&o).ok_or(Error::Stale(o))?;
+        n.open += 1;
+        Ok(())
+    }
+
+    pub fn release(&self, o: ObjId) {
+        let mut st = self.lock();
+        let orphan = match st.nodes.get_mut(&o) {
+            Some(n) => {
+                n.open = n.open.saturating_sub(1);
+                n.open == 0 && n.base.as_ref().is_some_and(|b| b.parent == ORPHANS_OBJ)
+            }
+            None => false,
+        };
+        if orphan {
+            if let Some(p) = st.base_path(o) {
+                let _ = st.storage.unlink(&p);
+            }
+            if let Some(n) = st.nodes.get_mut(&o) {
+                n.base = None;
+                n.gone = true;
+            }
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        let st = self.lock();
+        let mut s = st.stats.clone();
+        s.journal_bytes = st.journal.end;
+        s.last_seq = st.seq.0;
+        s.live_txs = st.txs.len() as u64;
+        s.journal_syncs = self.shared.sync.syncs.load(Ordering::Relaxed);
+        s
+    }
+
+    /// Writes everything committed into the backing tree and empties the
+    /// journal (see `checkpoint.rs`).
+    pub fn checkpoint(&self) -> Result<()> {
+        let _one = self.shared.ckpt_lock.lock();
+        self.sync()?;
+        let mut st = self.lock();
+        checkpoint::run(&mut st, &self.shared.sync)
+    }
+
+    fn maybe_checkpoint(&self) {
+        if self.bg.is_none() {
+            let big = self.lock().journal.end > self.shared.opts.checkpoint_bytes;
+            if big {
+                if let Err(e) = self.checkpoint() {
+                    tracing::warn!("checkpoint failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// Checkpoints and stops the background thread: the backing directory
+    /// then holds exactly the committed state as plain files.
+    pub fn close(mut self) -> Result<()> {
+        self.stop_bg();
+        self.checkpoint()
+    }
+
+    fn stop_bg(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.bg.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop_bg();
+    }
+}
+
+fn background(sh: Arc<Shared>, iv: Duration) {
+    let step = Duration::from_millis(10).min(iv);
+    let mut waited = Duration::ZERO;
+    while !sh.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(step);
+        waited += step;
+        if waited < iv {
+            continue;
+        }
+        waited = Duration::ZERO;
+        let target = *sh.sync.written.lock();
+        if sh.sync.synced() < target {
+            if let Err(e) = sh.sync.wait_durable(target) {
+                tracing::error!("background journal flush failed: {e}");
+            }
+            sh.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        let big = sh.state.lock().journal.end > sh.opts.checkpoint_bytes;
+        if big {
+            let _one = sh.ckpt_lock.lock();
+            let target = *sh.sync.written.lock();
+            if let Err(e) = sh.sync.wait_durable(target) {
+                tracing::error!("journal flush before checkpoint failed: {e}");
+                continue;
+            }
+            let mut st = sh.state.lock();
+            if let Err(e) = checkpoint::run(&mut st, &sh.sync) {
+                tracing::error!("background checkpoint failed: {e}");
+            }
+        }
+    }
+}
+
+/// Validates, journals and publishes one transaction (I3, J2). Called with
+/// the lock held; returns the journal position to wait for if durable.
+fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<JPos> {
+    if let Some(w) = tx.doomed.take() {
+        st.discard_tx(&tx);
+        return Err(Error::Conflict { tx: tx.id, what: w });
+    }
+    if let Some(what) = tx.reads.first_stale(&st.ver, tx.start) {
+        st.discard_tx(&tx);
+        return Err(Error::Conflict { tx: tx.id, what });
+    }
+    if tx.delta.is_empty() {
+        st.discard_tx(&tx);
+        return Ok(*sync.written.lock());
+    }
+    let seq = Seq(st.seq.0 + 1);
+    // Sizes before this commit, for stamping truncated pages.
+    let mut old_sizes = HashMap::new();
+    for (o, od) in &tx.delta.objs {
+        if od.file.as_ref().is_some_and(|f| f.cut != NO_CUT) {
+            if let Ok(a) = st.attr_unrecorded(None, *o) {
+                old_sizes.insert(*o, a.size);
+            }
+        }
+    }
+    let (meta, extents) = crate::recovery::encode(st, &tx.delta)?;
+    let data_len: u64 = extents.iter().map(|(_, _, l, _)| *l).sum();
+    let durable_upto = {
+        let s = sync.synced();
+        if s.epoch == st.journal.epoch { s.off } else { 0 }
+    };
+    let appended = {
+        let st_ref: &State = st;
+        let mut fill = |sink: &mut journal::DataSink<'_>| -> Result<()> {
+            let mut buf = Vec::new();
+            for (_, _, len, loc) in &extents {
+                let mut done = 0u64;
+                while done < *len {
+                    let n = ((*len - done) as usize).min(1 << 20);
+                    buf.resize(n, 0);
+                    st_ref.fetch(&loc.advance(done), &mut buf).ctx("commit", || "reading transaction data".into())?;
+                    sink.put(&buf)?;
+                    done += n as u64;
+                }
+            }
+            Ok(())
+        };
+        let mut j = placeholder_writer(st_ref);
+        let r = j.append(seq, durable_upto, &meta, data_len, &mut fill);
+        let end = j.end;
+        st.journal.end = end;
+        r
+    };
+    let appended = match appended {
+        Ok(a) => a,
+        Err(e) => {
+            st.discard_tx(&tx);
+            st.stats.aborts += 1;
+            return Err(e);
+        }
+    };
+    // Point the delta's extents at the journal, then publish.
+    let epoch = st.journal.epoch;
+    let mut data_off = appended.data_start;
+    for (o, foff, len, _) in &extents {
+        if let Some(f) = tx.delta.objs.get_mut(o).and_then(|od| od.file.as_mut()) {
+            f.ext.insert(*foff, *len, DataLoc::Journal(epoch, data_off));
+        }
+        data_off += len;
+    }
+    stamp(st, &tx.delta, seq, &old_sizes);
+    st.committed.compose(&tx.delta);
+    st.seq = seq;
+    st.discard_tx(&tx);
+    st.stats.commits += 1;
+    let pos = JPos { epoch, off: appended.end };
+    *sync.written.lock() = pos;
+    Ok(pos)
+}
+
+fn placeholder_writer(st: &State) -> JournalWriter {
+    JournalWriter { epoch: st.journal.epoch, path: st.journal.path.clone(), file: st.journal.file.clone(), end: st.journal.end }
+}
+
+/// Stamps every item `delta` changes with `seq` (I2).
+fn stamp(st: &mut State, delta: &Delta, seq: Seq, old_sizes: &HashMap<ObjId, u64>) {
+    for (o, od) in &delta.objs {
+        if let Some(f) = &od.file {
+            let r = st.ver.pages.entry(*o).or_default();
+            for (off, e) in f.ext.iter() {
+                r.stamp(off / PAGE, (off + e.len).div_ceil(PAGE), seq);
+            }
+            if f.cut != NO_CUT {
+                let old = old_sizes.get(o).copied().unwrap_or(u64::MAX / 2);
+                r.stamp(f.cut / PAGE, old.max(f.cut).div_ceil(PAGE) + 1, seq);
+            }
+            st.ver.metas.insert(*o, seq);
+        }
+        let a = &od.attr;
+        if a.mode.is_some() || a.uid.is_some() || a.gid.is_some() || a.nlink != 0 || !a.xattrs.is_empty() {
+            st.ver.metas.insert(*o, seq);
+        }
+    }
+    for (d, entries) in &delta.dirs {
+        for n in entries.keys() {
+            st.ver.names.insert((*d, n.clone()), seq);
+        }
+        st.ver.lists.insert(*d, seq);
+    }
+    for o in delta.parents.keys() {
+        st.ver.metas.insert(*o, seq);
+    }
+}
+
+/// Reads the committed state, for tests and tools: `None` if absent.
+impl Engine {
+    /// Resolves a slash-separated path in the committed state (no symlinks
+    /// followed).
+    pub fn resolve(&self, tx: Option<TxId>, path: &Path) -> Result<ObjId> {
+        let mut cur = ObjId::ROOT;
+        for c in path.components() {
+            match c {
+                std::path::Component::Normal(n) => cur = self.lookup(tx, cur, n)?.obj,
+                std::path::Component::RootDir | std::path::Component::CurDir => {}
+                _ => return Err(Error::posix("resolve", path.display().to_string(), libc::EINVAL)),
+            }
+        }
+        Ok(cur)
+    }
+}

@@ -1,0 +1,49 @@
+//! Newtypes for every identifier that crosses a module boundary.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A file-system object (inode) as the engine knows it. Stable for the
+/// lifetime of an [`Engine`](crate::Engine); the FUSE layer uses it as the
+/// node id. [`ObjId::ROOT`] is the root directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ObjId(pub u64);
+
+impl ObjId {
+    pub const ROOT: ObjId = ObjId(1);
+}
+
+impl fmt::Display for ObjId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "obj#{}", self.0)
+    }
+}
+
+/// A transaction handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TxId(pub u64);
+
+impl fmt::Display for TxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tx#{}", self.0)
+    }
+}
+
+/// Commit sequence number: the position of a commit in the total commit
+/// order. `Seq(0)` is "before any commit of this engine".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Seq(pub u64);
+
+impl fmt::Display for Seq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "seq {}", self.0)
+    }
+}
+
+/// Journal epoch: one journal file per epoch; a checkpoint ends an epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Epoch(pub u64);
+
+/// A byte offset in the journal file of one epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Lsn(pub u64);

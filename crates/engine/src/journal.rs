@@ -1,0 +1,478 @@
+//! The redo journal: one append-only file per epoch under `.txfs/journal/`.
+//!
+//! ## Byte layout (all integers little-endian)
+//! File header, 32 bytes:
+//! ```text
+//!   0  [u8; 8]  magic "TXFSJNL1"
+//!   8  u64      epoch
+//!  16  u64      seq of the last commit before this epoch
+//!  24  u32      crc32c of bytes 0..24
+//!  28  u32      reserved (0)
+//! ```
+//! Then records, back to back, each:
+//! ```text
+//!   0  u32  magic 0x524A5854 ("TXJR")
+//!   4  u16  version (1)
+//!   6  u16  kind (1 = commit)
+//!   8  u64  seq            commit sequence number, +1 per record
+//!  16  u64  durable_upto   file offset known durable when this was written
+//!  24  u32  meta_len
+//!  28  u32  reserved (0)
+//!  32  u64  data_len
+//!  40  u32  crc32c of bytes 0..40, then meta, then data
+//!  44  u32  reserved (0)
+//!  48  meta (bincode `CommitRecord`), then data (extent bytes)
+//! ```
+//! The header is written last, so a record whose write was torn anywhere
+//! fails its checksum.
+//!
+//! ## Torn tail versus damage (invariant J3)
+//! Scanning stops at the first record that is short or fails its checksum.
+//! If a later record with a valid checksum says (`durable_upto`) that bytes
+//! beyond that point were already durable, the bad record was durable once:
+//! that is damage, reported as [`Error::Corrupt`], never skipped. Otherwise
+//! the bad bytes were never acknowledged as durable — a torn tail — and the
+//! journal is cut there. (Damage inside the very last synced group cannot be
+//! told from a torn write; `txfs check` reports every cut.)
+//!
+//! ## Group commit (invariant J4)
+//! Appends happen under the engine lock; [`SyncState::wait_durable`] runs
+//! outside it. The first waiter becomes the leader and issues one
+//! `fdatasync` covering every record appended before it started; the others
+//! wait on a condition variable. A commit is durable once a sync that
+//! started after its append has returned.
+
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{Epoch, Seq};
+use crate::storage::{FileKind, StoredFile, Timestamp};
+use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub const FILE_MAGIC: &[u8; 8] = b"TXFSJNL1";
+pub const FILE_HEADER_LEN: u64 = 32;
+pub const REC_MAGIC: u32 = 0x524A_5854;
+pub const REC_HEADER_LEN: u64 = 48;
+pub const REC_VERSION: u16 = 1;
+pub const KIND_COMMIT: u16 = 1;
+/// Largest metadata part we accept when scanning (guards against garbage lengths).
+pub const MAX_META: u64 = 1 << 30;
+
+/// How a journal record names an object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ObjRef {
+    /// An object of the backing tree as of the last checkpoint, by its path
+    /// there (the backing tree does not change between checkpoints: J1).
+    Base(Vec<u8>),
+    /// An object created since the last checkpoint, by its id in this epoch.
+    New(u64),
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RecAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+    pub ctime: Option<Timestamp>,
+    pub nlink: i64,
+    pub xattrs: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecFile {
+    pub cut: u64,
+    pub exact: bool,
+    pub size: u64,
+    /// (file offset, length, offset in this record's data part)
+    pub extents: Vec<(u64, u64, u64)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecObj {
+    pub obj: ObjRef,
+    pub attr: RecAttr,
+    pub file: Option<RecFile>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecDir {
+    pub dir: ObjRef,
+    pub entries: Vec<(Vec<u8>, Option<ObjRef>)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecNew {
+    pub id: u64,
+    pub kind: FileKind,
+    pub target: Option<Vec<u8>>,
+}
+
+/// The metadata part of a commit record: a transaction's delta with
+/// objects named by [`ObjRef`].
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CommitRecord {
+    pub created: Vec<RecNew>,
+    pub dirs: Vec<RecDir>,
+    pub objs: Vec<RecObj>,
+}
+
+/// A position in the journal across epochs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct JPos {
+    pub epoch: Epoch,
+    pub off: u64,
+}
+
+pub fn file_header(epoch: Epoch, prev_seq: Seq) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    h[0..8].copy_from_slice(FILE_MAGIC);
+    h[8..16].copy_from_slice(&epoch.0.to_le_bytes());
+    h[16..24].copy_from_slice(&prev_seq.0.to_le_bytes());
+    let crc = crc32c::crc32c(&h[0..24]);
+    h[24..28].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Appends records to the journal of the current epoch.
+pub struct JournalWriter {
+    pub epoch: Epoch,
+    pub path: PathBuf,
+    pub file: Arc<dyn StoredFile>,
+    /// Where the next record goes.
+    pub end: u64,
+}
+
+/// Where a record landed.
+pub struct Appended {
+    pub start: u64,
+    /// File offset of the record's data part.
+    pub data_start: u64,
+    pub end: u64,
+}
+
+impl JournalWriter {
+    /// Appends one record. `data` is called with a sink that takes the data
+    /// part in order; exactly `data_len` bytes must be written to it. On
+    /// error the file is cut back so the partial record leaves no trace.
+    pub fn append(
+        &mut self,
+        seq: Seq,
+        durable_upto: u64,
+        meta: &[u8],
+        data_len: u64,
+        data: &mut dyn FnMut(&mut DataSink<'_>) -> Result<()>,
+    ) -> Result<Appended> {
+        let start = self.end;
+        let res = self.append_inner(start, seq, durable_upto, meta, data_len, data);
+        if res.is_err() {
+            // Best effort: a failed cut leaves garbage that fails its checksum.
+            let _ = self.file.set_len(start);
+        }
+        res
+    }
+
+    fn append_inner(
+        &mut self,
+        start: u64,
+        seq: Seq,
+        durable_upto: u64,
+        meta: &[u8],
+        data_len: u64,
+        data: &mut dyn FnMut(&mut DataSink<'_>) -> Result<()>,
+    ) -> Result<Appended> {
+        let mut h = [0u8; REC_HEADER_LEN as usize];
+        h[0..4].copy_from_slice(&REC_MAGIC.to_le_bytes());
+        h[4..6].copy_from_slice(&REC_VERSION.to_le_bytes());
+        h[6..8].copy_from_slice(&KIND_COMMIT.to_le_bytes());
+        h[8..16].copy_from_slice(&seq.0.to_le_bytes());
+        h[16..24].copy_from_slice(&durable_upto.to_le_bytes());
+        h[24..28].copy_from_slice(&(meta.len() as u32).to_le_bytes());
+        h[32..40].copy_from_slice(&data_len.to_le_bytes());
+        let mut crc = crc32c::crc32c(&h[0..40]);
+        crc = crc32c::crc32c_append(crc, meta);
+        let path = self.path.clone();
+        let what = || format!("{}", path.display());
+        let meta_at = start + REC_HEADER_LEN;
+        self.file.write_at(meta_at, meta).ctx("journal write", what)?;
+        let data_start = meta_at + meta.len() as u64;
+        let mut sink = DataSink { file: &*self.file, at: data_start, crc, written: 0 };
+        data(&mut sink)?;
+        if sink.written != data_len {
+            return Err(Error::Poisoned(format!(
+                "journal record data length mismatch: {} != {data_len}",
+                sink.written
+            )));
+        }
+        let crc = sink.crc;
+        h[40..44].copy_from_slice(&crc.to_le_bytes());
+        self.file.write_at(start, &h).ctx("journal write", what)?;
+        let end = data_start + data_len;
+        self.end = end;
+        Ok(Appended { start, data_start, end })
+    }
+}
+
+/// Streams a record's data part into the journal.
+pub struct DataSink<'a> {
+    file: &'a dyn StoredFile,
+    at: u64,
+    crc: u32,
+    written: u64,
+}
+
+impl DataSink<'_> {
+    pub fn put(&mut self, bytes: &[u8]) -> Result<()> {
+        self.file.write_at(self.at, bytes).ctx("journal write", || "record data".into())?;
+        self.crc = crc32c::crc32c_append(self.crc, bytes);
+        self.at += bytes.len() as u64;
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+/// Group commit: one `fdatasync` for every commit appended before it began.
+pub struct SyncState {
+    inner: Mutex<SyncInner>,
+    cv: Condvar,
+    /// Highest position appended (updated under the engine lock).
+    pub written: Mutex<JPos>,
+    pub syncs: AtomicU64,
+}
+
+struct SyncInner {
+    synced: JPos,
+    leader: bool,
+    file: Option<Arc<dyn StoredFile>>,
+    epoch: Epoch,
+    failed: Option<String>,
+}
+
+impl SyncState {
+    pub fn new(epoch: Epoch, file: Arc<dyn StoredFile>, end: u64) -> SyncState {
+        let pos = JPos { epoch, off: end };
+        SyncState {
+            inner: Mutex::new(SyncInner { synced: pos, leader: false, file: Some(file), epoch, failed: None }),
+            cv: Condvar::new(),
+            written: Mutex::new(pos),
+            syncs: AtomicU64::new(0),
+        }
+    }
+
+    pub fn synced(&self) -> JPos {
+        self.inner.lock().synced
+    }
+
+    /// Switches to a new epoch's file. Everything of the old epoch must be
+    /// durable already (a checkpoint synced it).
+    pub fn rotate(&self, epoch: Epoch, file: Arc<dyn StoredFile>, end: u64) {
+        let mut g = self.inner.lock();
+        while g.leader {
+            self.cv.wait(&mut g);
+        }
+        let pos = JPos { epoch, off: end };
+        g.synced = pos;
+        g.epoch = epoch;
+        g.file = Some(file);
+        *self.written.lock() = pos;
+        self.cv.notify_all();
+    }
+
+    /// Returns once everything up to `target` is durable.
+    pub fn wait_durable(&self, target: JPos) -> Result<()> {
+        let mut g = self.inner.lock();
+        loop {
+            if let Some(e) = &g.failed {
+                return Err(Error::Poisoned(e.clone()));
+            }
+            if g.synced >= target {
+                return Ok(());
+            }
+            if g.leader {
+                self.cv.wait(&mut g);
+                continue;
+            }
+            g.leader = true;
+            let file = g.file.clone();
+            let epoch = g.epoch;
+            drop(g);
+            let upto = *self.written.lock();
+            let res = match &file {
+                Some(f) if upto.epoch == epoch => f.sync_data(),
+                _ => Ok(()),
+            };
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+            g = self.inner.lock();
+            g.leader = false;
+            match res {
+                Ok(()) => {
+                    if upto > g.synced && upto.epoch == g.epoch {
+                        g.synced = upto;
+                    }
+                }
+                Err(e) => g.failed = Some(format!("journal fdatasync: {e}")),
+            }
+            self.cv.notify_all();
+        }
+    }
+}
+
+/// One record found by [`scan`].
+#[derive(Debug)]
+pub struct Scanned {
+    pub seq: Seq,
+    pub start: u64,
+    pub data_start: u64,
+    pub end: u64,
+    pub record: CommitRecord,
+}
+
+/// Result of scanning one journal file.
+#[derive(Debug)]
+pub struct Scan {
+    /// Seq of the last commit before this epoch (from the file header).
+    pub prev_seq: Seq,
+    pub records: Vec<Scanned>,
+    /// End of the last whole record: appends continue here.
+    pub valid_end: u64,
+    /// Where and why a torn tail was cut, if it was.
+    pub cut: Option<(u64, String)>,
+}
+
+struct RawHeader {
+    seq: u64,
+    durable_upto: u64,
+    meta_len: u64,
+    data_len: u64,
+    end: u64,
+}
+
+/// Parses and checksums the record at `at`; `Err(reason)` if it is not whole.
+fn read_record(file: &dyn StoredFile, len: u64, at: u64) -> std::result::Result<(RawHeader, Vec<u8>), String> {
+    if at + REC_HEADER_LEN > len {
+        return Err("short record header".into());
+    }
+    let mut h = [0u8; REC_HEADER_LEN as usize];
+    read_exact(file, at, &mut h).map_err(|e| e.to_string())?;
+    let u32_at = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().expect("4 bytes"));
+    let u64_at = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().expect("8 bytes"));
+    if u32_at(0) != REC_MAGIC {
+        return Err("bad record magic".into());
+    }
+    let version = u16::from_le_bytes([h[4], h[5]]);
+    if version != REC_VERSION {
+        return Err(format!("unknown record version {version}"));
+    }
+    let meta_len = u32_at(24) as u64;
+    let data_len = u64_at(32);
+    if meta_len > MAX_META || data_len > len {
+        return Err("implausible record length".into());
+    }
+    let end = at + REC_HEADER_LEN + meta_len + data_len;
+    if end > len {
+        return Err("record runs past end of file".into());
+    }
+    let mut meta = vec![0u8; meta_len as usize];
+    read_exact(file, at + REC_HEADER_LEN, &mut meta).map_err(|e| e.to_string())?;
+    let mut crc = crc32c::crc32c(&h[0..40]);
+    crc = crc32c::crc32c_append(crc, &meta);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = at + REC_HEADER_LEN + meta_len;
+    while off < end {
+        let n = ((end - off) as usize).min(buf.len());
+        read_exact(file, off, &mut buf[..n]).map_err(|e| e.to_string())?;
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        off += n as u64;
+    }
+    if crc != u32_at(40) {
+        return Err("record checksum mismatch".into());
+    }
+    Ok((RawHeader { seq: u64_at(8), durable_upto: u64_at(16), meta_len, data_len, end }, meta))
+}
+
+pub fn read_exact(file: &dyn StoredFile, mut off: u64, mut buf: &mut [u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        let n = file.read_at(off, buf)?;
+        if n == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+        }
+        off += n as u64;
+        buf = &mut buf[n..];
+    }
+    Ok(())
+}
+
+/// Reads every whole record of one epoch's journal (J3).
+pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Result<Scan> {
+    let corrupt = |offset: u64, detail: String| Error::Corrupt { path: path.to_path_buf(), offset, detail };
+    let len = file.len().ctx("journal stat", || path.display().to_string())?;
+    let mut h = [0u8; FILE_HEADER_LEN as usize];
+    if len < FILE_HEADER_LEN {
+        return Err(corrupt(0, "journal shorter than its header".into()));
+    }
+    read_exact(file, 0, &mut h).ctx("journal read", || path.display().to_string())?;
+    if &h[0..8] != FILE_MAGIC
+        || u32::from_le_bytes(h[24..28].try_into().expect("4 bytes")) != crc32c::crc32c(&h[0..24])
+    {
+        return Err(corrupt(0, "bad journal file header".into()));
+    }
+    let file_epoch = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+    if file_epoch != epoch.0 {
+        return Err(corrupt(8, format!("header says epoch {file_epoch}, file name says {}", epoch.0)));
+    }
+    let mut records = Vec::new();
+    let mut at = FILE_HEADER_LEN;
+    let prev_seq = Seq(u64::from_le_bytes(h[16..24].try_into().expect("8 bytes")));
+    let mut expect_seq: Option<u64> = Some(prev_seq.0 + 1);
+    while at < len {
+        match read_record(file, len, at) {
+            Ok((rh, meta)) => {
+                if let Some(s) = expect_seq {
+                    if rh.seq != s {
+                        return Err(corrupt(at, format!("record seq {} where {} was expected", rh.seq, s)));
+                    }
+                }
+                let record: CommitRecord = bincode::deserialize(&meta)
+                    .map_err(|e| corrupt(at, format!("undecodable record metadata: {e}")))?;
+                expect_seq = Some(rh.seq + 1);
+                let data_start = at + REC_HEADER_LEN + rh.meta_len;
+                debug_assert_eq!(data_start + rh.data_len, rh.end);
+                records.push(Scanned { seq: Seq(rh.seq), start: at, data_start, end: rh.end, record });
+                at = rh.end;
+            }
+            Err(reason) => {
+                // Is there a later whole record claiming durability past here?
+                let mut probe = at + 1;
+                let mut buf = vec![0u8; 1 << 16];
+                while probe + REC_HEADER_LEN <= len {
+                    let n = ((len - probe) as usize).min(buf.len());
+                    if file.read_at(probe, &mut buf[..n]).is_err() {
+                        break;
+                    }
+                    let magic = REC_MAGIC.to_le_bytes();
+                    for i in 0..n.saturating_sub(3) {
+                        if buf[i..i + 4] == magic {
+                            if let Ok((rh, _)) = read_record(file, len, probe + i as u64) {
+                                if rh.durable_upto > at {
+                                    return Err(corrupt(
+                                        at,
+                                        format!(
+                                            "{reason}, but a later record (seq {}) says the journal was durable up to {}",
+                                            rh.seq, rh.durable_upto
+                                        ),
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                    probe += (n.saturating_sub(3)).max(1) as u64;
+                }
+                return Ok(Scan { prev_seq, records, valid_end: at, cut: Some((at, reason)) });
+            }
+        }
+    }
+    Ok(Scan { prev_seq, records, valid_end: at, cut: None })
+}

@@ -1,0 +1,323 @@
+//! Recovery: finish an interrupted checkpoint, load the journal, and turn
+//! commit records back into the committed delta.
+//!
+//! ```text
+//!  1. create .txfs/{journal,stage,orphans,spill} if missing
+//!  2. a plan file exists      -> execute it again (J5) and finish it
+//!  3. empty spill/ and orphans/  (private or unreachable data: no trace)
+//!  4. exactly one journal file -> scan it (J3), cut a torn tail, and
+//!     compose every whole record into the committed delta
+//! ```
+//! `Engine::open` then checkpoints, so after recovery the backing tree
+//! holds the committed state as plain files. Every step only reads, or
+//! repeats idempotent work, so a crash during recovery is recovered again.
+
+use crate::checkpoint::{self, journal_path};
+use crate::delta::{AttrDelta, DataLoc, Delta, FileDelta, NewObj, SizeDelta};
+use crate::engine::{BaseLoc, Node, Options, State, FIRST_FREE_OBJ, META_DIR, META_OBJ, ORPHANS_OBJ};
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{Epoch, ObjId, Seq};
+use crate::journal::{self, CommitRecord, JournalWriter, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj};
+use crate::storage::{FileKind, Storage};
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Encodes a delta as a commit record; returns the record's metadata and
+/// the extents whose bytes form its data part, in order.
+#[allow(clippy::type_complexity)]
+pub(crate) fn encode(st: &State, d: &Delta) -> Result<(Vec<u8>, Vec<(ObjId, u64, u64, DataLoc)>)> {
+    let r = |o: ObjId| -> Result<ObjRef> {
+        let n = st.nodes.get(&o).ok_or(Error::Stale(o))?;
+        if n.gone {
+            return Err(Error::Stale(o));
+        }
+        if n.base.is_some() && !st.committed.created.contains_key(&o) && !d.created.contains_key(&o) {
+            let p = st.base_path(o).ok_or(Error::Stale(o))?;
+            Ok(ObjRef::Base(p.into_os_string().into_vec()))
+        } else {
+            Ok(ObjRef::New(o.0))
+        }
+    };
+    let mut rec = CommitRecord::default();
+    let mut created: Vec<_> = d.created.iter().collect();
+    created.sort_by_key(|(o, _)| **o);
+    for (o, n) in created {
+        rec.created.push(RecNew { id: o.0, kind: n.kind, target: n.target.clone().map(|t| t.into_vec()) });
+    }
+    let mut dirs: Vec<_> = d.dirs.iter().collect();
+    dirs.sort_by_key(|(o, _)| **o);
+    for (dir, entries) in dirs {
+        let mut es = Vec::new();
+        for (name, e) in entries {
+            es.push((name.as_bytes().to_vec(), e.map(r).transpose()?));
+        }
+        rec.dirs.push(RecDir { dir: r(*dir)?, entries: es });
+    }
+    let mut extents = Vec::new();
+    let mut data_off = 0u64;
+    let mut objs: Vec<_> = d.objs.iter().collect();
+    objs.sort_by_key(|(o, _)| **o);
+    for (o, od) in objs {
+        let a = &od.attr;
+        let attr = RecAttr {
+            mode: a.mode,
+            uid: a.uid,
+            gid: a.gid,
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+            nlink: a.nlink,
+            xattrs: a.xattrs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.clone())).collect(),
+        };
+        let file = od.file.as_ref().map(|f| {
+            let mut ex = Vec::new();
+            for (off, e) in f.ext.iter() {
+                ex.push((off, e.len, data_off));
+                extents.push((*o, off, e.len, e.loc.clone()));
+                data_off += e.len;
+            }
+            let (exact, size) = match f.size {
+                SizeDelta::Exactly(s) => (true, s),
+                SizeDelta::AtLeast(s) => (false, s),
+            };
+            RecFile { cut: f.cut, exact, size, extents: ex }
+        });
+        rec.objs.push(RecObj { obj: r(*o)?, attr, file });
+    }
+    // Directory parents are implied by the entries that name them.
+    let meta = bincode::serialize(&rec).map_err(|e| Error::Poisoned(format!("record encoding: {e}")))?;
+    Ok((meta, extents))
+}
+
+fn is_missing(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOENT) || e.kind() == std::io::ErrorKind::NotFound
+}
+
+fn ensure_dir(s: &dyn Storage, p: &Path) -> Result<bool> {
+    match s.lstat(p) {
+        Ok(m) if m.kind == FileKind::Dir => Ok(false),
+        Ok(_) => Err(Error::posix("init", format!("{} exists and is not a directory", p.display()), libc::ENOTDIR)),
+        Err(e) if is_missing(&e) => {
+            s.mkdir(p, 0o700).ctx("init", || p.display().to_string())?;
+            Ok(true)
+        }
+        Err(e) => Err(Error::io("init", p.display().to_string(), e)),
+    }
+}
+
+fn clear_dir(s: &dyn Storage, p: &Path) -> Result<()> {
+    for (n, k) in s.read_dir(p).ctx("recovery cleanup", || p.display().to_string())? {
+        let c = p.join(&n);
+        if k == FileKind::Dir {
+            clear_dir(s, &c)?;
+            s.rmdir(&c).ctx("recovery cleanup", || c.display().to_string())?;
+        } else {
+            s.unlink(&c).ctx("recovery cleanup", || c.display().to_string())?;
+        }
+    }
+    Ok(())
+}
+
+fn parse_hex(n: &OsStr, prefix: &str, suffix: &str) -> Option<u64> {
+    let s = n.to_str()?;
+    let h = s.strip_prefix(prefix)?.strip_suffix(suffix)?;
+    if h.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(h, 16).ok()
+}
+
+/// Brings the backing store to a consistent state and builds the engine state.
+pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State> {
+    let s = &*storage;
+    let meta = Path::new(META_DIR);
+    let mut made = ensure_dir(s, meta)?;
+    if made {
+        s.fsync(Path::new("")).ctx("init", || "backing root".into())?;
+    }
+    for sub in ["journal", "stage", "orphans", "spill"] {
+        made |= ensure_dir(s, &meta.join(sub))?;
+    }
+    if made {
+        s.fsync(meta).ctx("init", || META_DIR.into())?;
+    }
+    // 2. Interrupted checkpoint.
+    let mut plans: Vec<u64> = Vec::new();
+    for (n, _) in s.read_dir(meta).ctx("recovery", || META_DIR.into())? {
+        if let Some(e) = parse_hex(&n, "ckpt-", ".plan") {
+            plans.push(e);
+        }
+    }
+    plans.sort();
+    if plans.len() > 1 {
+        return Err(Error::Corrupt { path: meta.into(), offset: 0, detail: format!("{} checkpoint plans", plans.len()) });
+    }
+    if let Some(&e) = plans.first() {
+        let plan = checkpoint::load(s, &checkpoint::plan_path(Epoch(e)))?;
+        tracing::info!(epoch = e, "finishing an interrupted checkpoint");
+        match s.open_file(&journal_path(Epoch(e)), false) {
+            Ok(jf) => checkpoint::execute(s, &plan, &*jf)?,
+            // The journal is removed only after the plan ran completely.
+            Err(err) if is_missing(&err) => {}
+            Err(err) => return Err(Error::io("recovery", journal_path(Epoch(e)).display().to_string(), err)),
+        }
+        checkpoint::finish(s, &plan)?;
+    }
+    // 3. Private and unreachable leftovers.
+    clear_dir(s, &meta.join("spill"))?;
+    clear_dir(s, &meta.join("orphans"))?;
+    let stage = meta.join("stage");
+    if !s.read_dir(&stage).ctx("recovery", || stage.display().to_string())?.is_empty() {
+        return Err(Error::Corrupt {
+            path: stage,
+            offset: 0,
+            detail: "staged objects without a checkpoint plan".into(),
+        });
+    }
+    // 4. The journal.
+    let jdir = meta.join("journal");
+    let mut epochs: Vec<u64> = Vec::new();
+    for (n, _) in s.read_dir(&jdir).ctx("recovery", || jdir.display().to_string())? {
+        match parse_hex(&n, "", "") {
+            Some(e) => epochs.push(e),
+            None => {
+                return Err(Error::Corrupt {
+                    path: jdir.join(&n),
+                    offset: 0,
+                    detail: "unexpected file in the journal folder".into(),
+                })
+            }
+        }
+    }
+    epochs.sort();
+    let epoch = match epochs.as_slice() {
+        [] => {
+            let e = Epoch(1);
+            let p = journal_path(e);
+            let f = s.open_file(&p, true).ctx("journal create", || p.display().to_string())?;
+            f.write_at(0, &journal::file_header(e, Seq(0))).ctx("journal create", || p.display().to_string())?;
+            f.sync_data().ctx("journal create", || p.display().to_string())?;
+            s.fsync(&jdir).ctx("journal create", || jdir.display().to_string())?;
+            e
+        }
+        [e] => Epoch(*e),
+        _ => {
+            return Err(Error::Corrupt {
+                path: jdir,
+                offset: 0,
+                detail: format!("{} journal files and no checkpoint plan", epochs.len()),
+            })
+        }
+    };
+    let jp = journal_path(epoch);
+    let jf = s.open_file(&jp, false).ctx("journal open", || jp.display().to_string())?;
+    let scan = journal::scan(&*jf, &jp, epoch)?;
+    if let Some((at, why)) = &scan.cut {
+        tracing::warn!(journal = %jp.display(), offset = at, reason = %why, "cutting torn journal tail");
+        jf.set_len(scan.valid_end).ctx("journal cut", || jp.display().to_string())?;
+        jf.sync_data().ctx("journal cut", || jp.display().to_string())?;
+    }
+    let mut st = State {
+        storage: storage.clone(),
+        nodes: HashMap::new(),
+        by_ino: HashMap::new(),
+        committed: Delta::default(),
+        txs: HashMap::new(),
+        ver: Default::default(),
+        next_obj: FIRST_FREE_OBJ,
+        next_tx: 0,
+        seq: scan.prev_seq,
+        journal: JournalWriter { epoch, path: jp.clone(), file: jf.clone(), end: scan.valid_end },
+        journal_files: HashMap::from([(epoch, jf.clone())]),
+        spills: HashMap::new(),
+        poisoned: None,
+        stats: Default::default(),
+        spill_threshold: opts.spill_threshold,
+    };
+    let dir = |parent: ObjId, name: &str| Node {
+        kind: FileKind::Dir,
+        base: Some(BaseLoc { parent, name: OsString::from(name) }),
+        open: 0,
+        gone: false,
+        ino: None,
+    };
+    st.nodes.insert(ObjId::ROOT, dir(ObjId::ROOT, ""));
+    st.nodes.insert(META_OBJ, dir(ObjId::ROOT, META_DIR));
+    st.nodes.insert(ORPHANS_OBJ, dir(META_OBJ, "orphans"));
+    let mut news: HashMap<u64, ObjId> = HashMap::new();
+    for r in &scan.records {
+        let d = decode(&mut st, &mut news, &r.record, epoch, r.data_start)
+            .map_err(|e| Error::Corrupt { path: jp.clone(), offset: r.start, detail: format!("seq {}: {e}", r.seq.0) })?;
+        st.committed.compose(&d);
+        st.seq = r.seq;
+    }
+    tracing::info!(epoch = epoch.0, records = scan.records.len(), seq = st.seq.0, "journal loaded");
+    Ok(st)
+}
+
+/// Turns one record back into a delta over the current committed state.
+fn decode(st: &mut State, news: &mut HashMap<u64, ObjId>, rec: &CommitRecord, epoch: Epoch, data_start: u64) -> Result<Delta> {
+    let mut d = Delta::default();
+    for n in &rec.created {
+        let o = st.new_obj(n.kind);
+        news.insert(n.id, o);
+        d.created.insert(o, NewObj { kind: n.kind, target: n.target.clone().map(OsString::from_vec) });
+    }
+    let resolve = |st: &mut State, news: &HashMap<u64, ObjId>, r: &ObjRef| -> Result<ObjId> {
+        match r {
+            ObjRef::New(id) => news.get(id).copied().ok_or_else(|| Error::Poisoned(format!("unknown new object {id}"))),
+            ObjRef::Base(p) => {
+                let mut cur = ObjId::ROOT;
+                for c in Path::new(OsStr::from_bytes(p)).components() {
+                    let name = c.as_os_str();
+                    cur = st
+                        .base_child(cur, name)?
+                        .ok_or_else(|| Error::Poisoned(format!("{} is not in the backing tree", String::from_utf8_lossy(p))))?;
+                }
+                Ok(cur)
+            }
+        }
+    };
+    for rd in &rec.dirs {
+        let dir = resolve(st, news, &rd.dir)?;
+        for (name, e) in &rd.entries {
+            let target = e.as_ref().map(|r| resolve(st, news, r)).transpose()?;
+            if let Some(t) = target {
+                if st.node_kind(t)? == FileKind::Dir {
+                    d.parents.insert(t, dir);
+                }
+            }
+            d.dirs.entry(dir).or_default().insert(OsString::from_vec(name.clone()), target);
+        }
+    }
+    for ro in &rec.objs {
+        let o = resolve(st, news, &ro.obj)?;
+        let a = &ro.attr;
+        let od = d.obj(o);
+        od.attr = AttrDelta {
+            mode: a.mode,
+            uid: a.uid,
+            gid: a.gid,
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+            nlink: a.nlink,
+            xattrs: a.xattrs.iter().map(|(k, v)| (OsString::from_vec(k.clone()), v.clone())).collect(),
+        };
+        if let Some(f) = &ro.file {
+            let mut fd = FileDelta {
+                cut: f.cut,
+                size: if f.exact { SizeDelta::Exactly(f.size) } else { SizeDelta::AtLeast(f.size) },
+                ext: Default::default(),
+            };
+            for &(off, len, doff) in &f.extents {
+                fd.ext.insert(off, len, DataLoc::Journal(epoch, data_start + doff));
+            }
+            od.file = Some(fd);
+        }
+    }
+    Ok(d)
+}

@@ -1,0 +1,145 @@
+//! The one seam through which the engine touches durable storage.
+//!
+//! Every byte the engine reads from or writes to the backing directory —
+//! user files, the journal, spill files, checkpoint plans — goes through
+//! [`Storage`]. Three implementations exist:
+//!
+//! * [`RealFs`]: the backing directory on a real file system. Every path is
+//!   resolved *beneath* the backing root with `openat2(RESOLVE_BENEATH |
+//!   RESOLVE_NO_SYMLINKS)`; no symlink and no `..` can lead outside it.
+//! * [`MemFs`]: an in-memory inode table, for fast deterministic tests.
+//! * [`CrashFs`]: a [`MemFs`] that also keeps a *durable* image and can be
+//!   "power-cut": see its module for the exact durability model.
+//!
+//! ## Paths
+//! Paths are relative to the backing root; the empty path is the root. The
+//! engine only ever passes paths made of normal components (no `.`, `..`,
+//! empty or `/`-containing names) and never expects a symlink to be
+//! followed: a symlink met in the middle of a path is an error (`ELOOP`),
+//! a symlink as the last component is operated on itself.
+//!
+//! ## Durability contract (what the engine relies on)
+//! * `fsync(p)`/`fdatasync(p)` on a file makes its data and size durable,
+//!   and (like ext4's journal) every namespace operation issued before it.
+//! * `fsync(p)` on a directory makes every namespace operation issued before
+//!   it durable.
+//! * `sync_all()` makes everything durable (`syncfs`).
+//! * Namespace operations (create, mkdir, symlink, rename, link, unlink,
+//!   rmdir, set_mode, set_owner, set_times, xattr changes) become durable in
+//!   the order they were issued: after a crash, a prefix of them survives.
+//!   This is what journaling file systems (ext4, xfs, btrfs) provide.
+//! * Data writes and `set_len` that were not followed by a sync of that file
+//!   may be lost, torn at sector granularity, or survive out of order.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+mod crash;
+mod mem;
+mod real;
+
+pub use crash::{CrashFs, CrashPlan};
+pub use mem::MemFs;
+pub use real::RealFs;
+
+/// What kind of object a directory entry or inode is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    /// Devices, fifos, sockets: listed and stat-able, never written by txfs.
+    Other,
+}
+
+/// A point in time as the file system stores it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Timestamp {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }
+    }
+}
+
+/// `lstat` of a stored object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Meta {
+    pub kind: FileKind,
+    /// Permission bits including setuid/setgid/sticky (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u64,
+    pub size: u64,
+    /// Device and inode number: identify hard links to one object.
+    pub dev: u64,
+    pub ino: u64,
+    pub rdev: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+}
+
+/// An open file used by the engine for its own bookkeeping (journal, spill).
+pub trait StoredFile: Send + Sync {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<usize>;
+    fn write_at(&self, off: u64, data: &[u8]) -> io::Result<()>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    fn len(&self) -> io::Result<u64>;
+    /// Data and size durable (see the module's durability contract).
+    fn sync_data(&self) -> io::Result<()>;
+}
+
+/// The storage seam. All paths are relative to the backing root.
+pub trait Storage: Send + Sync + 'static {
+    /// Metadata of the object at `path`, not following a final symlink.
+    /// `NotFound` if absent.
+    fn lstat(&self, path: &Path) -> io::Result<Meta>;
+    /// Entries of a directory, without `.` and `..`, in no particular order.
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<(OsString, FileKind)>>;
+    /// Reads from a regular file; returns the count read (0 at or past EOF).
+    fn read_at(&self, path: &Path, off: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Writes all of `data` at `off` of a regular file, extending it if needed.
+    fn write_at(&self, path: &Path, off: u64, data: &[u8]) -> io::Result<()>;
+    fn set_len(&self, path: &Path, len: u64) -> io::Result<()>;
+    /// Creates a regular file if `path` is absent; succeeds if a regular file
+    /// is already there (idempotent replay relies on this).
+    fn create_file(&self, path: &Path, mode: u32) -> io::Result<()>;
+    /// `EEXIST` if something is already there.
+    fn mkdir(&self, path: &Path, mode: u32) -> io::Result<()>;
+    fn symlink(&self, target: &OsStr, path: &Path) -> io::Result<()>;
+    fn readlink(&self, path: &Path) -> io::Result<OsString>;
+    /// `rename(2)`: replaces a file or an empty directory at `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    fn link(&self, existing: &Path, new: &Path) -> io::Result<()>;
+    fn unlink(&self, path: &Path) -> io::Result<()>;
+    fn rmdir(&self, path: &Path) -> io::Result<()>;
+    /// chmod; never follows a final symlink (a no-op on symlinks).
+    fn set_mode(&self, path: &Path, mode: u32) -> io::Result<()>;
+    /// lchown.
+    fn set_owner(&self, path: &Path, uid: u32, gid: u32) -> io::Result<()>;
+    /// utimensat with AT_SYMLINK_NOFOLLOW.
+    fn set_times(&self, path: &Path, atime: Timestamp, mtime: Timestamp) -> io::Result<()>;
+    /// `Ok(None)` if the attribute is absent (or xattrs are unsupported).
+    fn get_xattr(&self, path: &Path, name: &OsStr) -> io::Result<Option<Vec<u8>>>;
+    fn list_xattrs(&self, path: &Path) -> io::Result<Vec<OsString>>;
+    fn set_xattr(&self, path: &Path, name: &OsStr, value: &[u8]) -> io::Result<()>;
+    /// Succeeds if the attribute was already absent.
+    fn remove_xattr(&self, path: &Path, name: &OsStr) -> io::Result<()>;
+    /// Makes a file's data and metadata (or a directory's entries) durable.
+    fn fsync(&self, path: &Path) -> io::Result<()>;
+    /// `syncfs`: everything written so far becomes durable.
+    fn sync_all(&self) -> io::Result<()>;
+    /// Opens (optionally creating, mode 0600) a regular file for the engine's
+    /// own use.
+    fn open_file(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoredFile>>;
+}
