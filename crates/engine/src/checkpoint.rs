@@ -275,10 +275,9 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         if let Some(n) = d.created.get(o) {
             let pl = match n.kind {
                 FileKind::Dir => Place::Dir { to: bytes(&first) },
-                FileKind::Symlink => Place::Symlink {
-                    to: bytes(&first),
-                    target: n.target.clone().unwrap_or_default().into_vec(),
-                },
+                FileKind::Symlink => {
+                    Place::Symlink { to: bytes(&first), target: n.target.clone().unwrap_or_default().into_vec() }
+                }
                 _ => Place::File { to: bytes(&first) },
             };
             firsts.push((depth, pl));
@@ -337,7 +336,10 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
                 match e.loc {
                     crate::delta::DataLoc::Journal(ep, joff) if ep == plan.epoch => extents.push((off, e.len, joff)),
                     _ => {
-                        return Err(Error::Poisoned(format!("{o}: committed extent not in the journal of {:?}", plan.epoch)))
+                        return Err(Error::Poisoned(format!(
+                            "{o}: committed extent not in the journal of {:?}",
+                            plan.epoch
+                        )))
                     }
                 }
             }
@@ -408,7 +410,9 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
                     });
                 }
             }
-            Place::File { to } => s.create_file(p(to), 0o600).ctx("checkpoint create", || p(to).display().to_string())?,
+            Place::File { to } => {
+                s.create_file(p(to), 0o600).ctx("checkpoint create", || p(to).display().to_string())?
+            }
             Place::Dir { to } => {
                 if !exists(s, p(to))? {
                     s.mkdir(p(to), 0o700).ctx("checkpoint mkdir", || p(to).display().to_string())?;
@@ -416,7 +420,8 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
             }
             Place::Symlink { to, target } => {
                 if !exists(s, p(to))? {
-                    s.symlink(OsStr::from_bytes(target), p(to)).ctx("checkpoint symlink", || p(to).display().to_string())?;
+                    s.symlink(OsStr::from_bytes(target), p(to))
+                        .ctx("checkpoint symlink", || p(to).display().to_string())?;
                 }
             }
             Place::Link { existing, to } => {
@@ -426,9 +431,16 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
             }
         }
     }
+    // A staged object's stage link is gone once phase 4 ran: on replay
+    // there is nothing left to write through it.
+    let gone_stage =
+        |path: &Path| -> Result<bool> { Ok(path.starts_with(Path::new(META_DIR).join("stage")) && !exists(s, path)?) };
     let mut buf = Vec::new();
     for op in &plan.data {
         let path = p(&op.path);
+        if gone_stage(path)? {
+            continue;
+        }
         let what = || path.display().to_string();
         if op.cut != NO_CUT {
             s.set_len(path, op.cut.min(op.size)).ctx("checkpoint truncate", what)?;
@@ -447,6 +459,9 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
     }
     for op in &plan.attrs {
         let path = p(&op.path);
+        if gone_stage(path)? {
+            continue;
+        }
         let what = || path.display().to_string();
         if let Some((uid, gid)) = op.owner {
             let m = s.lstat(path).ctx("checkpoint stat", what)?;
@@ -605,7 +620,8 @@ fn run_inner(st: &mut State, sync: &SyncState) -> Result<()> {
     st.committed = Default::default();
     st.journal_files.remove(&plan.epoch);
     st.journal_files.insert(next, file.clone());
-    st.journal = JournalWriter { epoch: next, path: journal_path(next), file: file.clone(), end: journal::FILE_HEADER_LEN };
+    st.journal =
+        JournalWriter { epoch: next, path: journal_path(next), file: file.clone(), end: journal::FILE_HEADER_LEN };
     sync.rotate(next, file, journal::FILE_HEADER_LEN);
     st.stats.checkpoints += 1;
     tracing::debug!(epoch = next.0, "checkpoint done");

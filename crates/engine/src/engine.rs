@@ -207,7 +207,7 @@ pub(crate) struct Shared {
 /// to checkpoint first so the backing tree holds plain committed files.
 pub struct Engine {
     pub(crate) shared: Arc<Shared>,
-    bg: Option<std::thread::JoinHandle<()>>,
+    bg: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 pub(crate) fn check_name(name: &OsStr) -> Result<()> {
@@ -307,7 +307,8 @@ impl State {
     pub(crate) fn fetch(&self, loc: &DataLoc, out: &mut [u8]) -> std::io::Result<()> {
         match loc {
             DataLoc::Mem(b, s) => {
-                let src = b.get(*s..*s + out.len()).ok_or_else(|| std::io::Error::other("memory extent out of range"))?;
+                let src =
+                    b.get(*s..*s + out.len()).ok_or_else(|| std::io::Error::other("memory extent out of range"))?;
                 out.copy_from_slice(src);
                 Ok(())
             }
@@ -664,7 +665,9 @@ impl State {
         if reserved(to_dir, to) || reserved(from_dir, from) {
             return Err(Error::posix("rename", format!("{META_DIR} is reserved for txfs"), libc::EPERM));
         }
-        let src = self.lookup(tx, from_dir, from)?.ok_or_else(|| Error::posix("rename", format!("{from:?}"), libc::ENOENT))?;
+        let src = self
+            .lookup(tx, from_dir, from)?
+            .ok_or_else(|| Error::posix("rename", format!("{from:?}"), libc::ENOENT))?;
         let dst = self.lookup(tx, to_dir, to)?;
         let skind = self.node_kind(src)?;
         if flags.noreplace && dst.is_some() {
@@ -719,7 +722,9 @@ impl State {
         if let Some(d) = dst {
             let dkind = self.node_kind(d)?;
             match (skind == FileKind::Dir, dkind == FileKind::Dir) {
-                (true, false) => return Err(Error::posix("rename", format!("{to:?} is not a directory"), libc::ENOTDIR)),
+                (true, false) => {
+                    return Err(Error::posix("rename", format!("{to:?} is not a directory"), libc::ENOTDIR))
+                }
                 (false, true) => return Err(Error::posix("rename", format!("{to:?} is a directory"), libc::EISDIR)),
                 (true, true) => {
                     if !self.readdir(tx, d)?.is_empty() {
@@ -847,12 +852,11 @@ impl Engine {
             ckpt_lock: Mutex::new(()),
             flushes: AtomicU64::new(0),
         });
-        let engine = Engine { shared, bg: None };
+        let engine = Engine { shared, bg: Mutex::new(None) };
         engine.checkpoint()?;
-        let mut engine = engine;
         if let Some(iv) = opts.flush_interval {
             let sh = engine.shared.clone();
-            engine.bg = Some(
+            *engine.bg.lock() = Some(
                 std::thread::Builder::new()
                     .name("txfs-flush".into())
                     .spawn(move || background(sh, iv))
@@ -1039,9 +1043,21 @@ impl Engine {
         self.run(tx, |st, t| st.create(t, parent, name, FileKind::Dir, mode, (uid, gid), None))
     }
 
-    pub fn symlink(&self, tx: Option<TxId>, parent: ObjId, name: &OsStr, target: &OsStr, uid: u32, gid: u32) -> Result<Attr> {
+    pub fn symlink(
+        &self,
+        tx: Option<TxId>,
+        parent: ObjId,
+        name: &OsStr,
+        target: &OsStr,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         if target.is_empty() || target.len() > 4095 {
-            return Err(Error::posix("symlink", format!("target of {name:?}"), if target.is_empty() { libc::ENOENT } else { libc::ENAMETOOLONG }));
+            return Err(Error::posix(
+                "symlink",
+                format!("target of {name:?}"),
+                if target.is_empty() { libc::ENOENT } else { libc::ENAMETOOLONG },
+            ));
         }
         self.run(tx, |st, t| st.create(t, parent, name, FileKind::Symlink, 0o777, (uid, gid), Some(target)))
     }
@@ -1089,7 +1105,15 @@ impl Engine {
         self.run(tx, |st, t| st.unlink_entry(t, parent, name, true))
     }
 
-    pub fn rename(&self, tx: Option<TxId>, from_dir: ObjId, from: &OsStr, to_dir: ObjId, to: &OsStr, flags: RenameFlags) -> Result<()> {
+    pub fn rename(
+        &self,
+        tx: Option<TxId>,
+        from_dir: ObjId,
+        from: &OsStr,
+        to_dir: ObjId,
+        to: &OsStr,
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.run(tx, |st, t| st.rename(t, from_dir, from, to_dir, to, flags))
     }
 
@@ -1139,7 +1163,15 @@ impl Engine {
 
     /// Sets (`Some`) or removes (`None`) an extended attribute. `create` and
     /// `replace` are XATTR_CREATE / XATTR_REPLACE.
-    pub fn setxattr(&self, tx: Option<TxId>, o: ObjId, name: &OsStr, value: Option<&[u8]>, create: bool, replace: bool) -> Result<()> {
+    pub fn setxattr(
+        &self,
+        tx: Option<TxId>,
+        o: ObjId,
+        name: &OsStr,
+        value: Option<&[u8]>,
+        create: bool,
+        replace: bool,
+    ) -> Result<()> {
         if name.is_empty() || name.len() > 255 {
             return Err(Error::posix("setxattr", format!("{name:?}"), libc::ERANGE));
         }
@@ -1228,7 +1260,7 @@ impl Engine {
     }
 
     fn maybe_checkpoint(&self) {
-        if self.bg.is_none() {
+        if self.bg.lock().is_none() {
             let big = self.lock().journal.end > self.shared.opts.checkpoint_bytes;
             if big {
                 if let Err(e) = self.checkpoint() {
@@ -1240,14 +1272,20 @@ impl Engine {
 
     /// Checkpoints and stops the background thread: the backing directory
     /// then holds exactly the committed state as plain files.
-    pub fn close(mut self) -> Result<()> {
+    pub fn close(self) -> Result<()> {
+        self.shutdown()
+    }
+
+    /// [`Engine::close`] for a shared engine: stops the background thread
+    /// and checkpoints. Later operations still work (without a flusher).
+    pub fn shutdown(&self) -> Result<()> {
         self.stop_bg();
         self.checkpoint()
     }
 
-    fn stop_bg(&mut self) {
+    fn stop_bg(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.bg.take() {
+        if let Some(h) = self.bg.lock().take() {
             let _ = h.join();
         }
     }
@@ -1321,7 +1359,11 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<JPos> {
     let data_len: u64 = extents.iter().map(|(_, _, l, _)| *l).sum();
     let durable_upto = {
         let s = sync.synced();
-        if s.epoch == st.journal.epoch { s.off } else { 0 }
+        if s.epoch == st.journal.epoch {
+            s.off
+        } else {
+            0
+        }
     };
     let appended = {
         let st_ref: &State = st;
@@ -1373,7 +1415,12 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<JPos> {
 }
 
 fn placeholder_writer(st: &State) -> JournalWriter {
-    JournalWriter { epoch: st.journal.epoch, path: st.journal.path.clone(), file: st.journal.file.clone(), end: st.journal.end }
+    JournalWriter {
+        epoch: st.journal.epoch,
+        path: st.journal.path.clone(),
+        file: st.journal.file.clone(),
+        end: st.journal.end,
+    }
 }
 
 /// Stamps every item `delta` changes with `seq` (I2).

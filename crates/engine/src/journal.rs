@@ -414,8 +414,7 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
         return Err(corrupt(0, "journal shorter than its header".into()));
     }
     read_exact(file, 0, &mut h).ctx("journal read", || path.display().to_string())?;
-    if &h[0..8] != FILE_MAGIC
-        || u32::from_le_bytes(h[24..28].try_into().expect("4 bytes")) != crc32c::crc32c(&h[0..24])
+    if &h[0..8] != FILE_MAGIC || u32::from_le_bytes(h[24..28].try_into().expect("4 bytes")) != crc32c::crc32c(&h[0..24])
     {
         return Err(corrupt(0, "bad journal file header".into()));
     }

@@ -153,7 +153,11 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     }
     plans.sort();
     if plans.len() > 1 {
-        return Err(Error::Corrupt { path: meta.into(), offset: 0, detail: format!("{} checkpoint plans", plans.len()) });
+        return Err(Error::Corrupt {
+            path: meta.into(),
+            offset: 0,
+            detail: format!("{} checkpoint plans", plans.len()),
+        });
     }
     if let Some(&e) = plans.first() {
         let plan = checkpoint::load(s, &checkpoint::plan_path(Epoch(e)))?;
@@ -214,6 +218,14 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     };
     let jp = journal_path(epoch);
     let jf = s.open_file(&jp, false).ctx("journal open", || jp.display().to_string())?;
+    if epoch == Epoch(1) && jf.len().ctx("journal open", || jp.display().to_string())? < journal::FILE_HEADER_LEN {
+        // The very first journal was created but its header never became
+        // durable: nothing was ever committed. (Later epochs are created
+        // and synced before their checkpoint plan is removed.)
+        jf.set_len(0).ctx("journal init", || jp.display().to_string())?;
+        jf.write_at(0, &journal::file_header(epoch, Seq(0))).ctx("journal init", || jp.display().to_string())?;
+        jf.sync_data().ctx("journal init", || jp.display().to_string())?;
+    }
     let scan = journal::scan(&*jf, &jp, epoch)?;
     if let Some((at, why)) = &scan.cut {
         tracing::warn!(journal = %jp.display(), offset = at, reason = %why, "cutting torn journal tail");
@@ -249,8 +261,11 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     st.nodes.insert(ORPHANS_OBJ, dir(META_OBJ, "orphans"));
     let mut news: HashMap<u64, ObjId> = HashMap::new();
     for r in &scan.records {
-        let d = decode(&mut st, &mut news, &r.record, epoch, r.data_start)
-            .map_err(|e| Error::Corrupt { path: jp.clone(), offset: r.start, detail: format!("seq {}: {e}", r.seq.0) })?;
+        let d = decode(&mut st, &mut news, &r.record, epoch, r.data_start).map_err(|e| Error::Corrupt {
+            path: jp.clone(),
+            offset: r.start,
+            detail: format!("seq {}: {e}", r.seq.0),
+        })?;
         st.committed.compose(&d);
         st.seq = r.seq;
     }
@@ -259,7 +274,13 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
 }
 
 /// Turns one record back into a delta over the current committed state.
-fn decode(st: &mut State, news: &mut HashMap<u64, ObjId>, rec: &CommitRecord, epoch: Epoch, data_start: u64) -> Result<Delta> {
+fn decode(
+    st: &mut State,
+    news: &mut HashMap<u64, ObjId>,
+    rec: &CommitRecord,
+    epoch: Epoch,
+    data_start: u64,
+) -> Result<Delta> {
     let mut d = Delta::default();
     for n in &rec.created {
         let o = st.new_obj(n.kind);
@@ -273,9 +294,9 @@ fn decode(st: &mut State, news: &mut HashMap<u64, ObjId>, rec: &CommitRecord, ep
                 let mut cur = ObjId::ROOT;
                 for c in Path::new(OsStr::from_bytes(p)).components() {
                     let name = c.as_os_str();
-                    cur = st
-                        .base_child(cur, name)?
-                        .ok_or_else(|| Error::Poisoned(format!("{} is not in the backing tree", String::from_utf8_lossy(p))))?;
+                    cur = st.base_child(cur, name)?.ok_or_else(|| {
+                        Error::Poisoned(format!("{} is not in the backing tree", String::from_utf8_lossy(p)))
+                    })?;
                 }
                 Ok(cur)
             }
@@ -320,4 +341,90 @@ fn decode(st: &mut State, news: &mut HashMap<u64, ObjId>, rec: &CommitRecord, ep
         }
     }
     Ok(d)
+}
+
+/// What `txfs check` found.
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    /// Journal files: path, whole records, valid bytes, torn tail cut (offset, why).
+    pub journals: Vec<(std::path::PathBuf, usize, u64, Option<(u64, String)>)>,
+    /// An interrupted checkpoint that the next mount or `recover` finishes.
+    pub plan: Option<std::path::PathBuf>,
+    /// Damage: each entry says what and where. Empty means healthy.
+    pub problems: Vec<String>,
+}
+
+/// Verifies the journal and its references into the backing tree without
+/// changing anything (`txfs check`).
+pub fn check(s: &dyn Storage) -> Result<CheckReport> {
+    let mut rep = CheckReport::default();
+    let meta = Path::new(META_DIR);
+    let list = match s.read_dir(meta) {
+        Ok(l) => l,
+        Err(e) if is_missing(&e) => return Ok(rep),
+        Err(e) => return Err(Error::io("check", META_DIR.to_string(), e)),
+    };
+    for (n, _) in &list {
+        if let Some(e) = parse_hex(n, "ckpt-", ".plan") {
+            let pp = checkpoint::plan_path(Epoch(e));
+            if let Err(err) = checkpoint::load(s, &pp) {
+                rep.problems.push(err.to_string());
+            }
+            rep.plan = Some(pp);
+        }
+    }
+    let jdir = meta.join("journal");
+    let mut epochs = Vec::new();
+    if let Ok(l) = s.read_dir(&jdir) {
+        for (n, _) in l {
+            match parse_hex(&n, "", "") {
+                Some(e) => epochs.push(e),
+                None => rep.problems.push(format!("{}: unexpected file in the journal folder", jdir.join(n).display())),
+            }
+        }
+    }
+    epochs.sort();
+    if epochs.len() > 1 && rep.plan.is_none() {
+        rep.problems.push(format!("{}: {} journal files and no checkpoint plan", jdir.display(), epochs.len()));
+    }
+    if let Ok(l) = s.read_dir(&meta.join("stage")) {
+        if !l.is_empty() && rep.plan.is_none() {
+            rep.problems.push(format!(
+                "{}: {} staged objects without a checkpoint plan",
+                meta.join("stage").display(),
+                l.len()
+            ));
+        }
+    }
+    for e in epochs {
+        let jp = journal_path(Epoch(e));
+        let f = s.open_file(&jp, false).ctx("check", || jp.display().to_string())?;
+        match journal::scan(&*f, &jp, Epoch(e)) {
+            Ok(scan) => {
+                // Every base object a record names must exist (no plan running).
+                if rep.plan.is_none() {
+                    for r in &scan.records {
+                        let refs = r.record.dirs.iter().flat_map(|d| {
+                            std::iter::once(&d.dir).chain(d.entries.iter().filter_map(|(_, e)| e.as_ref()))
+                        });
+                        for o in refs.chain(r.record.objs.iter().map(|o| &o.obj)) {
+                            if let ObjRef::Base(p) = o {
+                                if !p.starts_with(b".txfs/") && s.lstat(Path::new(OsStr::from_bytes(p))).is_err() {
+                                    rep.problems.push(format!(
+                                        "{} seq {}: names {} which is not in the backing tree",
+                                        jp.display(),
+                                        r.seq.0,
+                                        String::from_utf8_lossy(p)
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
+                rep.journals.push((jp, scan.records.len(), scan.valid_end, scan.cut));
+            }
+            Err(err) => rep.problems.push(err.to_string()),
+        }
+    }
+    Ok(rep)
 }

@@ -1,0 +1,96 @@
+/* txfs.h — transactions over a txfs mount (https://…/txfs; see SPEC.md §2).
+ *
+ * Every call returns 0 on success, or -1 with errno set. A transaction
+ * belongs to the calling thread. Nested begins flatten into the outer
+ * transaction; only the outermost commit commits.
+ *
+ * errno TXFS_ECONFLICT (== EDEADLK, "Resource deadlock avoided"): the
+ * transaction lost a conflict and is doomed; every later operation of it
+ * fails the same way. Abort it (fs_tx_abort) and run it again.
+ *
+ * Finding the mount (fs_tx_begin, and txfs_begin/txfs_sync with a NULL path):
+ * $TXFS_MOUNT if set and non-empty (any path inside the mount), else the only
+ * file system of type "fuse.txfs" in /proc/self/mountinfo (also accepted: type
+ * "fuse" with source "txfs:BACKING"; bind mounts of one file system count
+ * once). Errors of that step:
+ *   ENODEV    no txfs mount at all ($TXFS_MOUNT unset);
+ *   ENOTUNIQ  several txfs mounts: set $TXFS_MOUNT or use txfs_begin(path);
+ *   ENOTTY    $TXFS_MOUNT or path_in_mount is not inside a txfs mount;
+ *   ENOENT, EACCES, ...  from stat(2)/open(2) of that path.
+ * Other errnos: EXDEV for a nested begin on another mount than the open
+ * transaction's; anything else comes from the daemon (e.g. commit or abort
+ * without a transaction). commit and abort go to the mount of the calling
+ * thread's begin; with no begin recorded they use the mount found as above.
+ */
+#ifndef TXFS_H
+#define TXFS_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <sys/ioctl.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TXFS_ECONFLICT EDEADLK
+
+/* txfs_commit flags */
+#define TXFS_COMMIT_ORDERED 0x1u /* order fixed, durable later (txfs_sync) */
+
+/* TxFS-compatible API. The mount is $TXFS_MOUNT, or the only txfs mount. */
+int fs_tx_begin(void);
+int fs_tx_commit(void); /* durable: returns after the commit is on disk */
+int fs_tx_abort(void);
+
+/* Explicit mount (any path inside it; NULL: as fs_tx_begin) and flags.
+ * Flags are passed to the daemon unchanged. */
+int txfs_begin(const char *path_in_mount, unsigned flags);
+int txfs_commit(unsigned flags);
+int txfs_abort(void);
+int txfs_sync(const char *path_in_mount); /* earlier commits become durable */
+
+/* ---- wire protocol: ioctls on any file or directory of the mount ------ */
+/* FUSE passes only "restricted" ioctls: sizes are encoded in the numbers. */
+#define TXFS_IOC_MAGIC 0xE7
+
+struct txfs_ioc_flags {
+    uint32_t flags;
+    uint32_t reserved; /* 0 */
+};
+
+/* Make a process tree one transaction (used by `txfs run`). */
+#define TXFS_RUN_BEGIN 1u
+#define TXFS_RUN_COMMIT 2u
+#define TXFS_RUN_ABORT 3u
+struct txfs_ioc_run {
+    uint32_t pid;   /* root of the tree: it and all its descendants */
+    uint32_t op;    /* TXFS_RUN_* */
+    uint32_t flags; /* TXFS_COMMIT_ORDERED for TXFS_RUN_COMMIT */
+    uint32_t reserved;
+};
+
+struct txfs_ioc_status {
+    uint64_t commits, aborts, conflicts, live_txs;
+    uint64_t journal_bytes, journal_syncs, checkpoints, last_seq;
+};
+
+/* Whether the calling thread is in a transaction, and how deeply nested. */
+struct txfs_ioc_state {
+    uint64_t tx;    /* 0: none */
+    uint32_t depth; /* nesting depth; 0: none */
+    uint32_t reserved;
+};
+
+#define TXFS_IOC_BEGIN _IOW(TXFS_IOC_MAGIC, 1, struct txfs_ioc_flags)
+#define TXFS_IOC_COMMIT _IOW(TXFS_IOC_MAGIC, 2, struct txfs_ioc_flags)
+#define TXFS_IOC_ABORT _IOW(TXFS_IOC_MAGIC, 3, struct txfs_ioc_flags)
+#define TXFS_IOC_SYNC _IOW(TXFS_IOC_MAGIC, 4, struct txfs_ioc_flags)
+#define TXFS_IOC_RUN _IOW(TXFS_IOC_MAGIC, 5, struct txfs_ioc_run)
+#define TXFS_IOC_STATUS _IOR(TXFS_IOC_MAGIC, 6, struct txfs_ioc_status)
+#define TXFS_IOC_STATE _IOR(TXFS_IOC_MAGIC, 7, struct txfs_ioc_state)
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TXFS_H */

@@ -1,0 +1,661 @@
+//! The FUSE adapter: kernel requests in, engine calls out.
+//!
+//! ## Kernel caches (SPEC §6): the policy of this version
+//! Correctness first: every open is `FOPEN_DIRECT_IO` and every entry and
+//! attribute is returned with a zero TTL. So the kernel keeps no file pages,
+//! no attributes and no positive or negative dentries that it would serve
+//! without asking: every read, stat and path walk reaches the daemon, which
+//! answers with the view of the caller's transaction (or the committed
+//! state). No uncommitted byte can enter a cache shared with another
+//! process, and no transaction can be served a stale view of its own
+//! changes. The price is a round trip per operation and per path component;
+//! transaction-private node ids that make caching safe are the next step
+//! (docs/DESIGN.md, "Mount").
+//!
+//! Consequences: shared writable `mmap` fails with `ENODEV` (the kernel
+//! refuses it for direct-I/O files), inside and outside transactions —
+//! never silently half-transactional. Private and read-only mmap work
+//! (executables, git's pack files).
+//!
+//! POSIX byte-range locks and flock are left to the kernel (no lock
+//! handlers), which implements them locally as on any file system.
+
+use crate::ioctl;
+use crate::txmap::{self, TxMap};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig,
+    LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use txfs_engine::{Attr, DirEntry, Durability, Engine, Error, FileKind, ObjId, SetAttr, Timestamp, TxId};
+
+const TTL: Duration = Duration::ZERO;
+
+struct Handle {
+    obj: ObjId,
+    /// The transaction the opener was in: used when a request carries no
+    /// caller (pid 0).
+    tx: Option<TxId>,
+    append: bool,
+}
+
+pub struct TxFs {
+    pub engine: Arc<Engine>,
+    pub txs: Arc<TxMap>,
+    backing: PathBuf,
+    handles: Mutex<HashMap<u64, Handle>>,
+    dirs: Mutex<HashMap<u64, Vec<DirEntry>>>,
+    next_fh: AtomicU64,
+}
+
+fn errno(e: &Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn sys_time(t: Timestamp) -> SystemTime {
+    if t.secs >= 0 {
+        UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
+    } else {
+        UNIX_EPOCH - Duration::new(t.secs.unsigned_abs(), 0) + Duration::new(0, t.nanos)
+    }
+}
+
+fn stamp(t: TimeOrNow) -> Timestamp {
+    let st = match t {
+        TimeOrNow::Now => SystemTime::now(),
+        TimeOrNow::SpecificTime(s) => s,
+    };
+    match st.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            Timestamp { secs: -(d.as_secs() as i64) - 1, nanos: 1_000_000_000 - d.subsec_nanos() }
+        }
+    }
+}
+
+fn kind(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Other => FileType::RegularFile,
+    }
+}
+
+fn fattr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.obj.0),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: sys_time(a.atime),
+        mtime: sys_time(a.mtime),
+        ctime: sys_time(a.ctime),
+        crtime: sys_time(a.ctime),
+        kind: kind(a.kind),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink.min(u32::MAX as u64) as u32,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn obj(ino: INodeNo) -> ObjId {
+    ObjId(ino.0)
+}
+
+impl TxFs {
+    pub fn new(engine: Arc<Engine>, backing: PathBuf) -> TxFs {
+        TxFs {
+            engine,
+            txs: Arc::new(TxMap::default()),
+            backing,
+            handles: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn tx(&self, req: &Request) -> Option<TxId> {
+        self.txs.of(req.pid())
+    }
+
+    /// The caller's transaction, or for caller-less requests the handle's.
+    fn tx_fh(&self, req: &Request, fh: FileHandle) -> Option<TxId> {
+        if req.pid() == 0 {
+            return self.handles.lock().get(&fh.0).and_then(|h| h.tx);
+        }
+        self.tx(req)
+    }
+
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn open_handle(&self, o: ObjId, tx: Option<TxId>, flags: i32) -> Result<u64, Error> {
+        self.engine.open_obj(o)?;
+        let fh = self.new_fh();
+        self.handles.lock().insert(fh, Handle { obj: o, tx, append: flags & libc::O_APPEND != 0 });
+        Ok(fh)
+    }
+
+    fn ioctl_cmd(&self, req: &Request, cmd: u32, data: &[u8]) -> Result<Vec<u8>, Errno> {
+        let tid = req.pid();
+        let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
+        match cmd {
+            ioctl::BEGIN => {
+                let engine = &self.engine;
+                let tx = self.txs.begin(tid, || engine.begin());
+                tracing::debug!(tid, %tx, "begin");
+                Ok(Vec::new())
+            }
+            ioctl::COMMIT => {
+                let flags = ioctl::u32_at(data, 0);
+                let durability =
+                    if flags & ioctl::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
+                if self.txs.thread(tid).is_none() {
+                    return Err(Errno::from_i32(libc::EINVAL));
+                }
+                match self.txs.end(tid) {
+                    Some((tx, true)) => {
+                        let r = self.engine.commit(tx, durability);
+                        if let Err(err) = &r {
+                            tracing::info!(tid, %tx, "commit failed: {err}");
+                        }
+                        e(r).map(|_| Vec::new())
+                    }
+                    _ => Ok(Vec::new()),
+                }
+            }
+            ioctl::ABORT => match self.txs.drop_thread(tid) {
+                Some((tx, _owned)) => {
+                    // Inside a tree transaction an abort dooms the whole tree.
+                    let _ = self.engine.abort(tx);
+                    Ok(Vec::new())
+                }
+                None => Err(Errno::from_i32(libc::EINVAL)),
+            },
+            ioctl::SYNC => e(self.engine.sync()).map(|_| Vec::new()),
+            ioctl::RUN => {
+                let pid = ioctl::u32_at(data, 0);
+                let op = ioctl::u32_at(data, 4);
+                let flags = ioctl::u32_at(data, 8);
+                let caller = txmap::process_of(tid).ok_or(Errno::from_i32(libc::ESRCH))?;
+                match op {
+                    ioctl::RUN_BEGIN => {
+                        // Only the parent may make a process tree a transaction.
+                        if txmap::parent_of(pid) != Some(caller) {
+                            return Err(Errno::from_i32(libc::EPERM));
+                        }
+                        if self.txs.tree(pid).is_some() {
+                            return Err(Errno::from_i32(libc::EEXIST));
+                        }
+                        let tx = self.engine.begin();
+                        self.txs.add_tree(pid, caller, tx);
+                        tracing::info!(pid, %tx, "process tree transaction begins");
+                        Ok(Vec::new())
+                    }
+                    ioctl::RUN_COMMIT | ioctl::RUN_ABORT => {
+                        let (tx, owner) = self.txs.tree(pid).ok_or(Errno::from_i32(libc::ENOENT))?;
+                        if owner != caller {
+                            return Err(Errno::from_i32(libc::EPERM));
+                        }
+                        self.txs.remove_tree(pid);
+                        if op == ioctl::RUN_ABORT {
+                            let _ = self.engine.abort(tx);
+                            tracing::info!(pid, %tx, "process tree transaction aborted");
+                            return Ok(Vec::new());
+                        }
+                        let d =
+                            if flags & ioctl::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
+                        let r = self.engine.commit(tx, d);
+                        match &r {
+                            Ok(()) => tracing::info!(pid, %tx, "process tree transaction committed"),
+                            Err(err) => tracing::info!(pid, %tx, "process tree commit failed: {err}"),
+                        }
+                        e(r).map(|_| Vec::new())
+                    }
+                    _ => Err(Errno::EINVAL),
+                }
+            }
+            ioctl::STATUS => {
+                let s = self.engine.stats();
+                let mut out = Vec::with_capacity(64);
+                for v in [
+                    s.commits,
+                    s.aborts,
+                    s.conflicts,
+                    s.live_txs,
+                    s.journal_bytes,
+                    s.journal_syncs,
+                    s.checkpoints,
+                    s.last_seq,
+                ] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                Ok(out)
+            }
+            ioctl::STATE => {
+                let mut out = vec![0u8; 16];
+                if let Some((tx, depth, _)) = self.txs.thread(tid) {
+                    out[0..8].copy_from_slice(&tx.0.to_le_bytes());
+                    out[8..12].copy_from_slice(&depth.to_le_bytes());
+                } else if let Some(tx) = self.txs.of(tid) {
+                    out[0..8].copy_from_slice(&tx.0.to_le_bytes());
+                }
+                Ok(out)
+            }
+            _ => Err(Errno::from_i32(libc::ENOTTY)),
+        }
+    }
+}
+
+impl Filesystem for TxFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(1 << 20);
+        tracing::info!(backing = %self.backing.display(), "mounted");
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        tracing::info!("unmounting: checkpointing");
+        if let Err(e) = self.engine.shutdown() {
+            tracing::error!("final checkpoint failed: {e}");
+        }
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.engine.lookup(self.tx(req), obj(parent), name) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let tx = match fh {
+            Some(fh) => self.tx_fh(req, fh),
+            None => self.tx(req),
+        };
+        match self.engine.getattr(tx, obj(ino)) {
+            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let tx = match fh {
+            Some(fh) => self.tx_fh(req, fh),
+            None => self.tx(req),
+        };
+        let set = SetAttr { mode, uid, gid, size, atime: atime.map(stamp), mtime: mtime.map(stamp) };
+        match self.engine.setattr(tx, obj(ino), &set) {
+            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.engine.readlink(self.tx(req), obj(ino)) {
+            Ok(t) => reply.data(t.as_bytes()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            // Devices, fifos and sockets are not supported (README).
+            return reply.error(Errno::EPERM);
+        }
+        match self.engine.create(self.tx(req), obj(parent), name, mode & !umask, req.uid(), req.gid()) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        match self.engine.mkdir(self.tx(req), obj(parent), name, mode & !umask, req.uid(), req.gid()) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.engine.unlink(self.tx(req), obj(parent), name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.engine.rmdir(self.tx(req), obj(parent), name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        match self.engine.symlink(self.tx(req), obj(parent), link_name, target.as_os_str(), req.uid(), req.gid()) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let f = txfs_engine::RenameFlags {
+            noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+        };
+        match self.engine.rename(self.tx(req), obj(parent), name, obj(newparent), newname, f) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        match self.engine.link(self.tx(req), obj(ino), obj(newparent), newname) {
+            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let tx = self.tx(req);
+        if flags.0 & libc::O_TRUNC != 0 {
+            if let Err(e) = self.engine.truncate(tx, obj(ino), 0) {
+                return reply.error(errno(&e));
+            }
+        }
+        match self.open_handle(obj(ino), tx, flags.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let tx = self.tx_fh(req, fh);
+        let Some(o) = self.handles.lock().get(&fh.0).map(|h| h.obj) else { return reply.error(Errno::EBADF) };
+        match self.engine.read(tx, o, offset, size as usize) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let tx = self.tx_fh(req, fh);
+        let Some((o, append)) = self.handles.lock().get(&fh.0).map(|h| (h.obj, h.append)) else {
+            return reply.error(Errno::EBADF);
+        };
+        // O_APPEND appends at the end of the file as this transaction sees it.
+        let r = if append {
+            self.engine.append(tx, o, data).map(|_| data.len())
+        } else {
+            self.engine.write(tx, o, offset, data)
+        };
+        match r {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if let Some(h) = self.handles.lock().remove(&fh.0) {
+            self.engine.release(h.obj);
+        }
+        reply.ok();
+    }
+
+    fn fsync(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.engine.fsync(self.tx_fh(req, fh)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.engine.readdir(self.tx(req), obj(ino)) {
+            Ok(list) => {
+                let fh = self.new_fh();
+                self.dirs.lock().insert(fh, list);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let dirs = self.dirs.lock();
+        let Some(list) = dirs.get(&fh.0) else { return reply.error(Errno::EBADF) };
+        let mut i = offset as usize;
+        loop {
+            let full = match i {
+                0 => reply.add(ino, 1, FileType::Directory, "."),
+                1 => reply.add(ino, 2, FileType::Directory, ".."),
+                _ => match list.get(i - 2) {
+                    Some(e) => reply.add(INodeNo(e.obj.0), i as u64 + 1, kind(e.kind), &e.name),
+                    None => break,
+                },
+            };
+            if full {
+                break;
+            }
+            i += 1;
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.dirs.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.engine.fsync(self.tx(req)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let c = match std::ffi::CString::new(self.backing.as_os_str().as_bytes()) {
+            Ok(c) => c,
+            Err(_) => return reply.error(Errno::EIO),
+        };
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a valid C string and `s` a valid out-pointer.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+            return reply.error(Errno::from(std::io::Error::last_os_error()));
+        }
+        reply.statfs(
+            s.f_blocks,
+            s.f_bfree,
+            s.f_bavail,
+            s.f_files,
+            s.f_ffree,
+            s.f_bsize as u32,
+            txfs_engine::NAME_MAX as u32,
+            s.f_frsize as u32,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let create = flags & libc::XATTR_CREATE != 0;
+        let replace = flags & libc::XATTR_REPLACE != 0;
+        match self.engine.setxattr(self.tx(req), obj(ino), name, Some(value), create, replace) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.engine.getxattr(self.tx(req), obj(ino), name) {
+            Ok(Some(v)) => {
+                if size == 0 {
+                    reply.size(v.len() as u32)
+                } else if v.len() > size as usize {
+                    reply.error(Errno::ERANGE)
+                } else {
+                    reply.data(&v)
+                }
+            }
+            Ok(None) => reply.error(Errno::NO_XATTR),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.engine.listxattr(self.tx(req), obj(ino)) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(n.as_bytes());
+                    buf.push(0);
+                }
+                if size == 0 {
+                    reply.size(buf.len() as u32)
+                } else if buf.len() > size as usize {
+                    reply.error(Errno::ERANGE)
+                } else {
+                    reply.data(&buf)
+                }
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.engine.setxattr(self.tx(req), obj(ino), name, None, false, false) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let tx = self.tx(req);
+        let attr = match self.engine.create(tx, obj(parent), name, mode & !umask, req.uid(), req.gid()) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        match self.open_handle(attr.obj, tx, flags) {
+            Ok(fh) => reply.created(&TTL, &fattr(&attr), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        match self.ioctl_cmd(req, cmd, in_data) {
+            Ok(out) => reply.ioctl(0, &out),
+            Err(e) => reply.error(e),
+        }
+    }
+}

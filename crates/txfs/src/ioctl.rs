@@ -1,0 +1,45 @@
+//! The wire protocol of `clients/c/txfs.h`: ioctl numbers and argument
+//! layouts. FUSE forwards only "restricted" ioctls, whose argument size is
+//! encoded in the number, so every argument is a fixed-size struct.
+
+pub const MAGIC: u32 = 0xE7;
+
+const fn iow(nr: u32, size: u32) -> u32 {
+    (1 << 30) | (size << 16) | (MAGIC << 8) | nr
+}
+
+const fn ior(nr: u32, size: u32) -> u32 {
+    (2 << 30) | (size << 16) | (MAGIC << 8) | nr
+}
+
+pub const BEGIN: u32 = iow(1, 8);
+pub const COMMIT: u32 = iow(2, 8);
+pub const ABORT: u32 = iow(3, 8);
+pub const SYNC: u32 = iow(4, 8);
+pub const RUN: u32 = iow(5, 16);
+pub const STATUS: u32 = ior(6, 64);
+pub const STATE: u32 = ior(7, 16);
+
+pub const COMMIT_ORDERED: u32 = 0x1;
+
+pub const RUN_BEGIN: u32 = 1;
+pub const RUN_COMMIT: u32 = 2;
+pub const RUN_ABORT: u32 = 3;
+
+pub fn u32_at(b: &[u8], i: usize) -> u32 {
+    b.get(i..i + 4).map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes"))).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The numbers `_IOW`/`_IOR` give in C for the structs of txfs.h.
+    #[test]
+    fn numbers_match_the_c_header() {
+        assert_eq!(BEGIN, 0x4008_e701);
+        assert_eq!(RUN, 0x4010_e705);
+        assert_eq!(STATUS, 0x8040_e706);
+        assert_eq!(STATE, 0x8010_e707);
+    }
+}

@@ -1,0 +1,232 @@
+//! Which transaction a FUSE request belongs to.
+//!
+//! The request header's `pid` is the calling *thread's* id (0 for some
+//! requests, such as RELEASE; handles remember their transaction for
+//! those). Two ways to be in a transaction:
+//!
+//! * **Thread transactions** (`fs_tx_begin`): the thread that issued
+//!   TXFS_IOC_BEGIN. Nested begins count depth; the outermost commit
+//!   commits.
+//! * **Tree transactions** (`txfs run`): a process and all its descendants.
+//!   A thread belongs to a tree if its process, or an ancestor of it, is the
+//!   tree's root. Membership is found by walking `PPid` in /proc and cached
+//!   per thread (the cache is dropped whenever a tree begins or ends).
+//!
+//! Process identity is (pid, start time): a pid reused by a new process is a
+//! different process. A reaper aborts transactions whose thread or whose
+//! owning `txfs run` process has exited.
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use txfs_engine::TxId;
+
+/// Start time of a process or thread (field 22 of /proc/PID/stat), or
+/// `None` if it no longer exists.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: split after the last ')'.
+    let rest = &s[s.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+/// (Tgid, PPid) of a thread.
+fn tgid_ppid(tid: u32) -> Option<(u32, u32)> {
+    let s = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let mut tgid = None;
+    let mut ppid = None;
+    for line in s.lines() {
+        if let Some(v) = line.strip_prefix("Tgid:") {
+            tgid = v.trim().parse().ok();
+        } else if let Some(v) = line.strip_prefix("PPid:") {
+            ppid = v.trim().parse().ok();
+        }
+    }
+    Some((tgid?, ppid?))
+}
+
+#[derive(Debug)]
+pub struct ThreadTx {
+    pub tx: TxId,
+    pub depth: u32,
+    /// False if this begin only nested inside a tree transaction.
+    pub owned: bool,
+    pub start: Option<u64>,
+}
+
+#[derive(Debug)]
+pub struct TreeTx {
+    pub tx: TxId,
+    pub root_start: Option<u64>,
+    /// The `txfs run` process that registered the tree and ends it.
+    pub owner: u32,
+    pub owner_start: Option<u64>,
+}
+
+#[derive(Default)]
+pub struct TxMap {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    threads: HashMap<u32, ThreadTx>,
+    trees: HashMap<u32, TreeTx>,
+    cache: HashMap<u32, Option<TxId>>,
+}
+
+impl TxMap {
+    /// The transaction of thread `tid`, if any.
+    pub fn of(&self, tid: u32) -> Option<TxId> {
+        if tid == 0 {
+            return None;
+        }
+        let mut g = self.inner.lock();
+        if let Some(t) = g.threads.get(&tid) {
+            return Some(t.tx);
+        }
+        if g.trees.is_empty() {
+            return None;
+        }
+        if let Some(c) = g.cache.get(&tid) {
+            return *c;
+        }
+        let found = tree_of(&g.trees, tid);
+        g.cache.insert(tid, found);
+        found
+    }
+
+    pub fn thread(&self, tid: u32) -> Option<(TxId, u32, bool)> {
+        self.inner.lock().threads.get(&tid).map(|t| (t.tx, t.depth, t.owned))
+    }
+
+    /// Records a begin by `tid`. `make` creates a transaction when the
+    /// thread is not in one yet. Returns the transaction.
+    pub fn begin(&self, tid: u32, make: impl FnOnce() -> TxId) -> TxId {
+        let mut g = self.inner.lock();
+        if let Some(t) = g.threads.get_mut(&tid) {
+            t.depth += 1;
+            return t.tx;
+        }
+        let (tx, owned) = match tree_of(&g.trees, tid) {
+            Some(tx) => (tx, false),
+            None => (make(), true),
+        };
+        g.threads.insert(tid, ThreadTx { tx, depth: 1, owned, start: start_time(tid) });
+        tx
+    }
+
+    /// Ends one level of `tid`'s transaction. Returns `Some((tx, owned))`
+    /// when the outermost level ended.
+    pub fn end(&self, tid: u32) -> Option<(TxId, bool)> {
+        let mut g = self.inner.lock();
+        let t = g.threads.get_mut(&tid)?;
+        if t.depth > 1 {
+            t.depth -= 1;
+            return None;
+        }
+        let t = g.threads.remove(&tid)?;
+        Some((t.tx, t.owned))
+    }
+
+    /// Drops `tid`'s transaction whatever its depth (abort).
+    pub fn drop_thread(&self, tid: u32) -> Option<(TxId, bool)> {
+        self.inner.lock().threads.remove(&tid).map(|t| (t.tx, t.owned))
+    }
+
+    pub fn add_tree(&self, root: u32, owner: u32, tx: TxId) {
+        let mut g = self.inner.lock();
+        g.trees.insert(root, TreeTx { tx, root_start: start_time(root), owner, owner_start: start_time(owner) });
+        g.cache.clear();
+    }
+
+    pub fn tree(&self, root: u32) -> Option<(TxId, u32)> {
+        self.inner.lock().trees.get(&root).map(|t| (t.tx, t.owner))
+    }
+
+    pub fn remove_tree(&self, root: u32) -> Option<TxId> {
+        let mut g = self.inner.lock();
+        let t = g.trees.remove(&root)?;
+        g.cache.clear();
+        g.threads.retain(|_, th| th.tx != t.tx);
+        Some(t.tx)
+    }
+
+    /// Transactions whose thread or `txfs run` owner has exited.
+    pub fn reap(&self) -> Vec<TxId> {
+        let mut g = self.inner.lock();
+        let mut dead = Vec::new();
+        let gone_threads: Vec<u32> =
+            g.threads.iter().filter(|(tid, t)| start_time(**tid) != t.start).map(|(tid, _)| *tid).collect();
+        for tid in gone_threads {
+            if let Some(t) = g.threads.remove(&tid) {
+                if t.owned {
+                    dead.push(t.tx);
+                }
+            }
+        }
+        let gone_trees: Vec<u32> =
+            g.trees.iter().filter(|(_, t)| start_time(t.owner) != t.owner_start).map(|(r, _)| *r).collect();
+        for root in gone_trees {
+            if let Some(t) = g.trees.remove(&root) {
+                dead.push(t.tx);
+                g.cache.clear();
+            }
+        }
+        dead
+    }
+}
+
+/// Walks the process ancestry of `tid` looking for a tree root.
+fn tree_of(trees: &HashMap<u32, TreeTx>, tid: u32) -> Option<TxId> {
+    let (mut pid, mut ppid) = tgid_ppid(tid)?;
+    for _ in 0..256 {
+        if let Some(t) = trees.get(&pid) {
+            if start_time(pid) == t.root_start {
+                return Some(t.tx);
+            }
+        }
+        if ppid <= 1 {
+            return None;
+        }
+        pid = ppid;
+        ppid = tgid_ppid(pid)?.1;
+    }
+    None
+}
+
+/// Parent process of `pid`.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    tgid_ppid(pid).map(|(_, p)| p)
+}
+
+/// Process (thread group) of thread `tid`.
+pub fn process_of(tid: u32) -> Option<u32> {
+    tgid_ppid(tid).map(|(t, _)| t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_identifies_this_process() {
+        let me = std::process::id();
+        assert!(start_time(me).is_some());
+        assert_eq!(start_time(me), start_time(me));
+        assert_eq!(process_of(me), Some(me));
+    }
+
+    #[test]
+    fn children_belong_to_a_registered_tree() {
+        let map = TxMap::default();
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let me = std::process::id();
+        assert_eq!(map.of(child.id()), None);
+        map.add_tree(me, me, TxId(7));
+        assert_eq!(map.of(child.id()), Some(TxId(7)), "a child of the root is in the tree");
+        map.remove_tree(me);
+        assert_eq!(map.of(child.id()), None);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
