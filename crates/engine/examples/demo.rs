@@ -30,8 +30,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let outside = engine.readdir(None, mail)?.len();
     println!("inside the transaction: 2.eml exists; others see {outside} entry in mail/");
     engine.commit(tx, Durability::Durable)?;
-    println!("after commit: others see {} entries; index = {:?}", engine.readdir(None, mail)?.len(),
-        String::from_utf8_lossy(&engine.read(None, index, 0, 4096)?));
+    println!(
+        "after commit: others see {} entries; index = {:?}",
+        engine.readdir(None, mail)?.len(),
+        String::from_utf8_lossy(&engine.read(None, index, 0, 4096)?)
+    );
 
     // 2. Two read-modify-write transactions on one file: one must lose.
     let (a, b) = (engine.begin(), engine.begin());
@@ -52,7 +55,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     engine.commit(tx, Durability::Ordered)?;
     engine.sync()?;
     drop(engine); // no checkpoint: the commit lives only in the journal
-    println!("crashed; journal holds {} bytes", std::fs::metadata(backing.join(".txfs/journal/0000000000000001"))?.len());
+    println!(
+        "crashed; journal holds {} bytes",
+        std::fs::metadata(backing.join(".txfs/journal/0000000000000001"))?.len()
+    );
     let engine = open()?; // recovery replays the journal into plain files
     engine.close()?;
     println!("recovered; backing directory now holds plain files:");

@@ -58,7 +58,7 @@ pub fn dump_storage(s: &dyn Storage) -> Tree {
 
 fn walk_storage(s: &dyn Storage, at: &Path, out: &mut Tree) {
     let mut entries = s.read_dir(at).expect("read_dir");
-    entries.sort();
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, _) in entries {
         if at.as_os_str().is_empty() && name.as_bytes() == META_DIR.as_bytes() {
             continue;
