@@ -8,7 +8,7 @@
  * transaction lost a conflict and is doomed; every later operation of it
  * fails the same way. Abort it (fs_tx_abort) and run it again.
  *
- * Finding the mount (fs_tx_begin, and txfs_begin/txfs_sync with a NULL path):
+ * Finding the mount (fs_tx_begin, txfs_begin(NULL, ...)):
  * $TXFS_MOUNT if set and non-empty (any path inside the mount), else the only
  * file system of type "fuse.txfs" in /proc/self/mountinfo (also accepted: type
  * "fuse" with source "txfs:BACKING"; bind mounts of one file system count
@@ -48,7 +48,9 @@ int fs_tx_abort(void);
 int txfs_begin(const char *path_in_mount, unsigned flags);
 int txfs_commit(unsigned flags);
 int txfs_abort(void);
-int txfs_sync(const char *path_in_mount); /* earlier commits become durable */
+/* Earlier commits become durable. NULL: the mount of the calling thread's
+ * open transaction, else the mount found as for fs_tx_begin. */
+int txfs_sync(const char *path_in_mount);
 
 /* ---- wire protocol: ioctls on any file or directory of the mount ------ */
 /* FUSE passes only "restricted" ioctls: sizes are encoded in the numbers. */

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Mount a fresh txfs over a temporary backing directory, run the C tests
+# against it, and always unmount and stop the daemon again.
+#   TXFS_BIN   the daemon (default /work/main/target/debug/txfs)
+# Without the binary, only the unit tests (no mount) run; the rest are
+# reported as skipped. The last line of output is "N passed, M failed[, ...]".
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+cdir=$(dirname "$here")
+bin=${TXFS_BIN:-/work/main/target/debug/txfs}
+test_prog="$here/test_txfs"
+
+make -s -C "$cdir" tests/test_txfs >&2 || { echo "build of the C tests failed" >&2; echo "0 passed, 1 failed"; exit 1; }
+
+if [ ! -x "$bin" ]; then
+    echo "NOTE: no txfs daemon at $bin (set TXFS_BIN): running only the tests that need no mount" >&2
+    env -u TXFS_MOUNT "$test_prog"
+    exit $?
+fi
+
+tmp=$(mktemp -d /tmp/txfs-ctest.XXXXXX)
+backing="$tmp/backing"
+mnt="$tmp/mnt"
+log="$tmp/daemon.log"
+mkdir -p "$backing" "$mnt"
+daemon=""
+
+is_mounted() {
+    # mount point is field 5; fs type and source follow the " - " separator.
+    # fuse.txfs, or plain fuse with source txfs:BACKING (a root mount(2)
+    # without the subtype).
+    awk -v m="$mnt" '$5 == m { for (i = 6; i <= NF; i++) if ($i == "-") { print $(i + 1), $(i + 2); exit } }' \
+        /proc/self/mountinfo | grep -Eq '^(fuse\.txfs |fuse txfs(:| |$))'
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM HUP
+    if is_mounted || grep -q " $mnt " /proc/self/mountinfo; then
+        fusermount3 -u "$mnt" 2>/dev/null || fusermount -u "$mnt" 2>/dev/null || umount "$mnt" 2>/dev/null ||
+            umount -l "$mnt" || echo "WARNING: could not unmount $mnt" >&2
+    fi
+    if [ -n "$daemon" ] && kill -0 "$daemon" 2>/dev/null; then
+        kill -TERM "$daemon" 2>/dev/null
+        for _ in $(seq 50); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$daemon" 2>/dev/null
+    fi
+    [ -n "$daemon" ] && wait "$daemon" 2>/dev/null
+    if [ "$rc" -ne 0 ] && [ -s "$log" ]; then
+        echo "---- daemon log (last 40 lines) ----" >&2
+        tail -n 40 "$log" >&2
+    fi
+    if ! grep -q " $mnt " /proc/self/mountinfo; then
+        rm -rf "$tmp"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
+
+"$bin" mount "$backing" "$mnt" -f >"$log" 2>&1 &
+daemon=$!
+
+for _ in $(seq 100); do
+    is_mounted && break
+    if ! kill -0 "$daemon" 2>/dev/null; then
+        echo "txfs daemon exited before mounting:" >&2
+        cat "$log" >&2
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
+    sleep 0.1
+done
+if ! is_mounted; then
+    echo "txfs did not mount $mnt within 10 s" >&2
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+
+TXFS_MOUNT="$mnt" timeout 600 "$test_prog"

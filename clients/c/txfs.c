@@ -1,0 +1,362 @@
+/* txfs.c — the C client library of txfs (see txfs.h and SPEC.md §2).
+ *
+ * Every call resolves a mount, opens its root directory, issues one ioctl of
+ * the wire protocol in txfs.h and closes the descriptor again. The daemon
+ * owns the transaction (it identifies it by the calling thread's id); this
+ * library only remembers, per thread, which mount that thread's transaction
+ * lives on, so that commit and abort reach the same daemon as the begin.
+ */
+#define _GNU_SOURCE
+#include "txfs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#define TXFS_API __attribute__((visibility("default")))
+
+#define TXFS_FSTYPE "fuse.txfs"
+#define TXFS_DEFAULT_MOUNTINFO "/proc/self/mountinfo"
+#ifndef FUSE_SUPER_MAGIC
+#define FUSE_SUPER_MAGIC 0x65735546
+#endif
+
+/* Per-thread bookkeeping. `tid` guards against a forked child (whose copy of
+ * this memory describes its parent's thread, not itself): the record is only
+ * believed by the thread that wrote it. */
+static __thread struct {
+    pid_t tid;
+    unsigned depth; /* begins issued through this library, not yet ended */
+    char mount[PATH_MAX];
+} tls;
+
+static pid_t current_tid(void) { return (pid_t)syscall(SYS_gettid); }
+
+static int tls_valid(void) { return tls.depth > 0 && tls.tid == current_tid(); }
+
+static void tls_clear(void)
+{
+    tls.depth = 0;
+    tls.tid = 0;
+    tls.mount[0] = '\0';
+}
+
+/* ---- mountinfo ---------------------------------------------------------- */
+
+/* Undo the octal escapes of /proc/self/mountinfo (\040 space, \011 tab,
+ * \012 newline, \134 backslash) in place. */
+static void unescape_octal(char *s)
+{
+    char *w = s;
+    for (char *r = s; *r;) {
+        if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' &&
+            r[3] >= '0' && r[3] <= '7') {
+            *w++ = (char)(((r[1] - '0') << 6) | ((r[2] - '0') << 3) | (r[3] - '0'));
+            r += 4;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+}
+
+struct mount_entry {
+    unsigned maj, min;
+    char *point; /* unescaped mount point */
+};
+
+/* "fuse.txfs"; or plain "fuse" with the source "txfs" or "txfs:BACKING", as
+ * a daemon mounting with mount(2) directly (as root, without fusermount3)
+ * may leave it when its FUSE library drops the subtype. */
+static int is_txfs(const char *fstype, const char *source)
+{
+    if (strcmp(fstype, TXFS_FSTYPE) == 0)
+        return 1;
+    if (strcmp(fstype, "fuse") != 0 || !source)
+        return 0;
+    return strcmp(source, "txfs") == 0 || strncmp(source, "txfs:", 5) == 0;
+}
+
+/* Parse one mountinfo line; returns 1 if it is a txfs mount (entry filled,
+ * pointing into `line`), 0 otherwise.
+ *   36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+ */
+static int parse_line(char *line, struct mount_entry *e)
+{
+    char *save = NULL;
+    char *f[5];
+    for (int i = 0; i < 5; i++) {
+        f[i] = strtok_r(i == 0 ? line : NULL, " \n", &save);
+        if (!f[i])
+            return 0;
+    }
+    /* Skip the mount options and optional fields up to the "-" separator. */
+    char *tok;
+    while ((tok = strtok_r(NULL, " \n", &save)) && strcmp(tok, "-") != 0)
+        ;
+    if (!tok)
+        return 0;
+    char *fstype = strtok_r(NULL, " \n", &save);
+    char *source = strtok_r(NULL, " \n", &save);
+    if (!fstype || !is_txfs(fstype, source))
+        return 0;
+    if (sscanf(f[2], "%u:%u", &e->maj, &e->min) != 2)
+        return 0;
+    unescape_octal(f[4]);
+    e->point = f[4];
+    return 1;
+}
+
+/* Is `prefix` the path `path` or one of its ancestors (component-wise)? */
+static size_t path_prefix_len(const char *prefix, const char *path)
+{
+    size_t n = strlen(prefix);
+    if (n == 1 && prefix[0] == '/')
+        return 1;
+    if (strncmp(prefix, path, n) != 0)
+        return 0;
+    return (path[n] == '\0' || path[n] == '/') ? n : 0;
+}
+
+static int copy_out(char *out, size_t outlen, const char *s)
+{
+    size_t n = strlen(s);
+    if (n + 1 > outlen) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(out, s, n + 1);
+    return 0;
+}
+
+/* The mount root for `path` (NULL: the only txfs mount), found in the
+ * mountinfo file `mountinfo`. Private, but exported for the tests.
+ *   path == NULL: 0 txfs file systems -> ENODEV; several -> ENOTUNIQ. Bind
+ *     mounts of one file system (same device) count once.
+ *   path given: the txfs mount holding it (same device; the longest mount
+ *     point that is a prefix of its real path, if several); none -> ENOTTY.
+ *     If the mountinfo file cannot be read, the path itself (or, for a
+ *     non-directory, its parent) is taken as the mount.
+ */
+TXFS_API int txfs__find_mount(const char *mountinfo, const char *path, char *out, size_t outlen)
+{
+    struct stat st;
+    char real[PATH_MAX];
+    if (path) {
+        if (stat(path, &st) != 0)
+            return -1;
+        if (!realpath(path, real))
+            return -1;
+    }
+    FILE *f = fopen(mountinfo, "re");
+    if (!f) {
+        if (!path)
+            return -1;
+        if (!S_ISDIR(st.st_mode)) {
+            char *slash = strrchr(real, '/');
+            if (slash == real)
+                slash[1] = '\0';
+            else if (slash)
+                *slash = '\0';
+        }
+        return copy_out(out, outlen, real);
+    }
+
+    char *line = NULL;
+    size_t cap = 0;
+    int found = 0, several = 0;
+    unsigned dev_maj = 0, dev_min = 0;
+    size_t best = 0;
+    char chosen[PATH_MAX];
+    chosen[0] = '\0';
+    int rc = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        struct mount_entry e;
+        if (!parse_line(line, &e))
+            continue;
+        if (strlen(e.point) >= sizeof chosen)
+            continue;
+        if (path) {
+            if (makedev(e.maj, e.min) != st.st_dev)
+                continue;
+            size_t n = path_prefix_len(e.point, real);
+            if (!found || n > best) {
+                best = n;
+                strcpy(chosen, e.point);
+            }
+            found = 1;
+        } else if (!found) {
+            found = 1;
+            dev_maj = e.maj;
+            dev_min = e.min;
+            strcpy(chosen, e.point);
+        } else if (e.maj != dev_maj || e.min != dev_min) {
+            several = 1;
+        }
+    }
+    if (ferror(f)) {
+        rc = -1;
+    } else if (!found) {
+        errno = path ? ENOTTY : ENODEV;
+        rc = -1;
+    } else if (several) {
+        errno = ENOTUNIQ;
+        rc = -1;
+    } else {
+        rc = copy_out(out, outlen, chosen);
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+/* `path` (NULL: $TXFS_MOUNT if set and non-empty, else the only txfs mount)
+ * to the root directory of its txfs mount. */
+static int resolve_mount(const char *path, char *out, size_t outlen)
+{
+    if (!path) {
+        const char *env = getenv("TXFS_MOUNT");
+        if (env && *env)
+            path = env;
+    }
+    return txfs__find_mount(TXFS_DEFAULT_MOUNTINFO, path, out, outlen);
+}
+
+/* Open `mount`, check it is FUSE, issue the ioctl, close. */
+static int mount_ioctl(const char *mount, unsigned long cmd, void *arg)
+{
+    int fd = open(mount, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct statfs sfs;
+    if (fstatfs(fd, &sfs) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if (sfs.f_type != FUSE_SUPER_MAGIC) {
+        close(fd);
+        errno = ENOTTY;
+        return -1;
+    }
+    int rc = ioctl(fd, cmd, arg);
+    int e = errno;
+    close(fd);
+    if (rc < 0) {
+        /* A FUSE file system without ioctl support is not txfs. */
+        errno = (e == ENOSYS) ? ENOTTY : e;
+        return -1;
+    }
+    return 0;
+}
+
+/* The mount the calling thread's transaction is on, or else the default. */
+static int current_mount(char *out, size_t outlen)
+{
+    if (tls_valid())
+        return copy_out(out, outlen, tls.mount);
+    return resolve_mount(NULL, out, outlen);
+}
+
+/* ---- the API ------------------------------------------------------------ */
+
+TXFS_API int txfs_begin(const char *path_in_mount, unsigned flags)
+{
+    char mount[PATH_MAX];
+    if (resolve_mount(path_in_mount, mount, sizeof mount) != 0)
+        return -1;
+    if (tls_valid() && strcmp(mount, tls.mount) != 0) {
+        /* Nested begin on another mount: one transaction, one file system. */
+        struct stat a, b;
+        if (stat(mount, &a) != 0 || stat(tls.mount, &b) != 0 || a.st_dev != b.st_dev) {
+            errno = EXDEV;
+            return -1;
+        }
+    }
+    struct txfs_ioc_flags arg = {.flags = flags, .reserved = 0};
+    if (mount_ioctl(tls_valid() ? tls.mount : mount, TXFS_IOC_BEGIN, &arg) != 0)
+        return -1;
+    if (!tls_valid()) {
+        strcpy(tls.mount, mount);
+        tls.tid = current_tid();
+        tls.depth = 0;
+    }
+    tls.depth++;
+    return 0;
+}
+
+/* Ask the daemon how deep the calling thread's transaction is; on failure
+ * assume it ended. Used to resynchronise after a failed commit. */
+static void resync_depth(const char *mount)
+{
+    struct txfs_ioc_state st;
+    memset(&st, 0, sizeof st);
+    int saved = errno;
+    if (mount_ioctl(mount, TXFS_IOC_STATE, &st) != 0) {
+        /* A doomed transaction answers EDEADLK until it is aborted. */
+        if (errno != TXFS_ECONFLICT)
+            tls_clear();
+    } else if (st.depth == 0 || st.tx == 0) {
+        tls_clear();
+    } else if (st.depth < tls.depth) {
+        tls.depth = st.depth;
+    }
+    errno = saved;
+}
+
+TXFS_API int txfs_commit(unsigned flags)
+{
+    char mount[PATH_MAX];
+    if (current_mount(mount, sizeof mount) != 0)
+        return -1;
+    int mine = tls_valid();
+    struct txfs_ioc_flags arg = {.flags = flags, .reserved = 0};
+    if (mount_ioctl(mount, TXFS_IOC_COMMIT, &arg) != 0) {
+        if (mine)
+            resync_depth(mount);
+        return -1;
+    }
+    if (mine && --tls.depth == 0)
+        tls_clear();
+    return 0;
+}
+
+TXFS_API int txfs_abort(void)
+{
+    char mount[PATH_MAX];
+    if (current_mount(mount, sizeof mount) != 0)
+        return -1;
+    struct txfs_ioc_flags arg = {.flags = 0, .reserved = 0};
+    int rc = mount_ioctl(mount, TXFS_IOC_ABORT, &arg);
+    /* An abort ends the whole (flattened) transaction, or there was none. */
+    if (tls_valid())
+        tls_clear();
+    return rc;
+}
+
+TXFS_API int txfs_sync(const char *path_in_mount)
+{
+    char mount[PATH_MAX];
+    int rc = path_in_mount ? resolve_mount(path_in_mount, mount, sizeof mount)
+                           : current_mount(mount, sizeof mount);
+    if (rc != 0)
+        return -1;
+    struct txfs_ioc_flags arg = {.flags = 0, .reserved = 0};
+    return mount_ioctl(mount, TXFS_IOC_SYNC, &arg);
+}
+
+TXFS_API int fs_tx_begin(void) { return txfs_begin(NULL, 0); }
+
+TXFS_API int fs_tx_commit(void) { return txfs_commit(0); }
+
+TXFS_API int fs_tx_abort(void) { return txfs_abort(); }

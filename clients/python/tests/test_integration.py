@@ -1,0 +1,564 @@
+"""Integration tests against a real txfs mount (see conftest.txfs_mount).
+
+Other processes are the outside observers: a transaction's effects must be
+invisible to them (through stat, cat, ls and Python's os calls) until it
+commits, then visible all at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import pytest
+
+import txfs
+
+from conftest import TxfsMount
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 60
+
+
+def run(cmd: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+
+
+def outside_view(paths: List[str], listdir: str) -> Dict[str, object]:
+    """What another process sees: stat/cat exit codes, ls output, Python's view."""
+    code = textwrap.dedent(
+        """
+        import json, os, sys
+        paths, d = json.loads(sys.argv[1]), sys.argv[2]
+        def read(p):
+            try:
+                with open(p) as f:
+                    return f.read()
+            except OSError as e:
+                return "errno:%d" % e.errno
+        print(json.dumps({
+            "exists": [os.path.exists(p) for p in paths],
+            "read": [read(p) if not os.path.isdir(p) else "<dir>" for p in paths],
+            "listdir": sorted(os.listdir(d)),
+        }))
+        """
+    )
+    py = run([sys.executable, "-c", code, json.dumps(paths), listdir])
+    assert py.returncode == 0, py.stderr
+    view: Dict[str, object] = json.loads(py.stdout)
+    view["stat"] = [run(["stat", p]).returncode for p in paths]
+    view["cat"] = [run(["cat", p]).stdout for p in paths]  # (a directory: "")
+    view["ls"] = sorted(run(["ls", "-a", listdir]).stdout.split())
+    return view
+
+
+def write(path: str, data: str) -> None:
+    with open(path, "w") as f:
+        f.write(data)
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def test_isolation_from_another_process(work: str) -> None:
+    a, b, c, e, f, d = (os.path.join(work, n) for n in ("a.txt", "b.txt", "c.txt", "e.txt", "f.txt", "dir"))
+    inner = os.path.join(d, "inner.txt")
+    write(b, "old b")
+    write(c, "to be unlinked")
+    write(e, "to be renamed")
+    paths = [a, b, c, e, f, d, inner]
+    before = outside_view(paths, work)
+    assert before["exists"] == [False, True, True, True, False, False, False]
+    assert before["listdir"] == ["b.txt", "c.txt", "e.txt"]
+    with txfs.transaction() as tx:
+        assert tx.mount is not None and os.path.samefile(tx.mount, os.environ["TXFS_MOUNT"])
+        write(a, "new a")
+        write(b, "new b")
+        os.unlink(c)
+        os.rename(e, f)
+        os.mkdir(d)
+        write(inner, "inner")
+        write(os.path.join(work, "tmp.txt"), "appears and vanishes inside the transaction")
+        os.unlink(os.path.join(work, "tmp.txt"))
+        # the transaction sees its own changes
+        assert read(a) == "new a" and read(b) == "new b" and read(f) == "to be renamed"
+        assert sorted(os.listdir(work)) == ["a.txt", "b.txt", "dir", "f.txt"]
+        during = outside_view(paths, work)
+        assert during == before, "another process saw uncommitted changes"
+    after = outside_view(paths, work)
+    assert after["exists"] == [True, True, False, False, True, True, True]
+    assert after["stat"] == [0, 0, 1, 1, 0, 0, 0]
+    assert after["read"] == ["new a", "new b", "errno:2", "errno:2", "to be renamed", "<dir>", "inner"]
+    assert after["cat"] == ["new a", "new b", "", "", "to be renamed", "", "inner"]
+    assert after["listdir"] == ["a.txt", "b.txt", "dir", "f.txt"]
+    assert after["ls"] == [".", "..", "a.txt", "b.txt", "dir", "f.txt"]
+
+
+def test_isolation_from_another_thread(work: str) -> None:
+    f = os.path.join(work, "f")
+    seen: List[bool] = []
+
+    def look() -> None:
+        seen.append(os.path.exists(f))
+
+    with txfs.transaction():
+        write(f, "x")
+        t = threading.Thread(target=look)
+        t.start()
+        t.join(TIMEOUT)
+    t = threading.Thread(target=look)
+    t.start()
+    t.join(TIMEOUT)
+    assert seen == [False, True]
+
+
+def test_thread_exiting_inside_a_transaction_aborts_it(work: str, mnt: str) -> None:
+    """SPEC §2: a thread that exits with a transaction open aborts it."""
+    f = os.path.join(work, "orphan")
+    live_before = txfs.status(mnt)["live_txs"]
+
+    def leave_open() -> None:
+        txfs.begin()
+        write(f, "orphaned")
+
+    t = threading.Thread(target=leave_open)
+    t.start()
+    t.join(TIMEOUT)
+    deadline = time.monotonic() + 10
+    while txfs.status(mnt)["live_txs"] > live_before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert txfs.status(mnt)["live_txs"] <= live_before, "the dead thread's transaction is still live"
+    assert not os.path.exists(f)
+    assert outside_view([f], work)["exists"] == [False]
+    # and nothing it touched is held: a new transaction may write the same name
+    with txfs.transaction():
+        write(f, "mine")
+    assert read(f) == "mine"
+
+
+def _backing_names(backing: str) -> List[str]:
+    out = []
+    for root, dirs, files in os.walk(backing):
+        if root == backing and ".txfs" in dirs:
+            dirs.remove(".txfs")
+        out.extend(dirs)
+        out.extend(files)
+    return out
+
+
+def test_abort_leaves_no_trace(work: str, txfs_mount: TxfsMount) -> None:
+    keep = os.path.join(work, "keep")
+    write(keep, "kept")
+    before = sorted(os.listdir(work))
+    tag = "aborted-" + os.urandom(4).hex()
+    txfs.begin()
+    try:
+        write(os.path.join(work, tag + ".file"), "gone")
+        os.mkdir(os.path.join(work, tag + ".dir"))
+        write(os.path.join(work, tag + ".dir", tag + ".inner"), "gone")
+        write(keep, "overwritten")
+        os.symlink("keep", os.path.join(work, tag + ".link"))
+        os.unlink(keep)
+        assert not os.path.exists(keep)
+    finally:
+        txfs.abort()
+    assert not txfs.in_transaction()
+    assert txfs.state()["depth"] == 0
+    assert sorted(os.listdir(work)) == before
+    assert read(keep) == "kept"
+    view = outside_view([keep, os.path.join(work, tag + ".file")], work)
+    assert view["read"] == ["kept", "errno:%d" % errno.ENOENT]
+    assert view["listdir"] == before
+    assert not [n for n in _backing_names(txfs_mount.backing) if tag in n], "aborted names in BACKING"
+
+
+def test_exception_in_with_block_aborts(work: str) -> None:
+    f = os.path.join(work, "f")
+    with pytest.raises(ZeroDivisionError):
+        with txfs.transaction():
+            write(f, "never")
+            1 / 0
+    assert not os.path.exists(f)
+    assert not txfs.in_transaction()
+    assert txfs.state()["depth"] == 0
+    assert outside_view([f], work)["exists"] == [False]
+
+
+def test_nested_transactions_flatten(work: str) -> None:
+    f, g = os.path.join(work, "f"), os.path.join(work, "g")
+    with txfs.transaction():
+        with txfs.transaction():
+            write(f, "inner")
+            assert txfs.state()["depth"] == 2
+        assert txfs.state()["depth"] == 1
+        assert outside_view([f], work)["exists"] == [False], "inner commit published"
+        write(g, "outer")
+    assert outside_view([f, g], work)["read"] == ["inner", "outer"]
+
+
+def test_ordered_commit_and_sync(work: str, mnt: str) -> None:
+    f = os.path.join(work, "f")
+    with txfs.transaction(durable=False, mount=work):
+        write(f, "ordered")
+    assert outside_view([f], work)["read"] == ["ordered"]
+    txfs.sync(mnt)
+    txfs.sync(f)
+    txfs.sync()
+
+
+def test_status_counters(work: str, mnt: str) -> None:
+    s0 = txfs.status(mnt)
+    assert set(s0) == {
+        "commits",
+        "aborts",
+        "conflicts",
+        "live_txs",
+        "journal_bytes",
+        "journal_syncs",
+        "checkpoints",
+        "last_seq",
+    }
+    with txfs.transaction():
+        assert txfs.status()["live_txs"] >= 1
+        st = txfs.state()
+        assert st["tx"] != 0 and st["depth"] == 1
+        write(os.path.join(work, "f"), "x")
+    s1 = txfs.status(work)
+    assert s1["commits"] >= s0["commits"] + 1
+    assert s1["last_seq"] >= s0["last_seq"]
+
+
+def test_bad_mounts(mnt: str, work: str) -> None:
+    with pytest.raises(OSError) as ei:
+        txfs.begin("/proc")
+    assert ei.value.errno == errno.ENOTTY
+    with pytest.raises(OSError) as ei:
+        txfs.begin(os.path.join(work, "missing", "x"))
+    assert ei.value.errno == errno.ENOENT
+    with pytest.raises(OSError) as ei:
+        txfs.commit()  # no transaction: the daemon says so
+    assert not txfs.in_transaction()
+
+
+# ---- conflicts --------------------------------------------------------------------
+
+
+def _increment(path: str, barrier: Optional[threading.Barrier]) -> None:
+    with txfs.transaction():
+        with open(path, "r+") as f:
+            v = int(f.read().strip() or 0)
+            if barrier is not None:
+                barrier.wait(TIMEOUT)  # both have read before either writes
+            f.seek(0)
+            f.write(f"{v + 1}\n")
+            f.truncate()
+
+
+def _race(n: int, target: Callable[[int], None]) -> List[Optional[BaseException]]:
+    results: List[Optional[BaseException]] = [None] * n
+
+    def body(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as e:  # noqa: B902 - reported to the test
+            results[i] = e
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+        assert not t.is_alive(), "a transaction thread hung"
+    return results
+
+
+def test_conflict_for_one_of_two_threads_then_retry(work: str) -> None:
+    counter = os.path.join(work, "counter")
+    write(counter, "0\n")
+    barrier = threading.Barrier(2)
+    results = _race(2, lambda i: _increment(counter, barrier))
+    conflicts = [r for r in results if isinstance(r, txfs.Conflict)]
+    others = [r for r in results if r is not None and not isinstance(r, txfs.Conflict)]
+    assert not others, f"unexpected errors: {others!r}"
+    assert len(conflicts) == 1, f"want exactly one Conflict, got {results!r}"
+    assert conflicts[0].errno == errno.EDEADLK
+    assert read(counter) == "1\n"
+    assert not txfs.in_transaction()
+
+    # the same race with retry(): both increments land
+    attempts = [0, 0]
+    barrier2 = threading.Barrier(2)
+
+    def with_retry(i: int) -> None:
+        def once() -> None:
+            attempts[i] += 1
+            _increment(counter, barrier2 if attempts[i] == 1 else None)
+
+        txfs.retry(once, attempts=20, backoff=0.005)
+
+    results = _race(2, with_retry)
+    assert results == [None, None], results
+    assert read(counter) == "3\n"
+    assert sum(attempts) >= 3, f"nobody retried: {attempts}"
+    assert outside_view([counter], work)["read"] == ["3\n"]
+
+
+def test_transactional_decorator_retries(work: str) -> None:
+    counter = os.path.join(work, "counter")
+    write(counter, "0\n")
+    barrier = threading.Barrier(2)
+    calls = [0, 0]
+
+    @txfs.transactional(attempts=20, backoff=0.005)
+    def bump(i: int) -> None:
+        calls[i] += 1
+        with open(counter, "r+") as f:
+            v = int(f.read())
+            if calls[i] == 1:
+                barrier.wait(TIMEOUT)
+            f.seek(0)
+            f.write(f"{v + 1}\n")
+
+    results = _race(2, bump)
+    assert results == [None, None], results
+    assert read(counter) == "2\n"
+    assert sum(calls) >= 3
+
+
+# ---- sqlite ------------------------------------------------------------------------
+
+ROWS = 500
+
+
+def _make_db(path: str) -> None:
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+    con.executemany("INSERT INTO t (id, v) VALUES (?, ?)", ((i, f"value {i} " + "x" * 100) for i in range(ROWS)))
+    con.commit()
+    con.close()
+
+
+def _db_state(path: str) -> Tuple[str, int, str]:
+    """(integrity_check, row count, digest of all rows), read from another process."""
+    code = textwrap.dedent(
+        """
+        import hashlib, sqlite3, sys
+        con = sqlite3.connect("file:%s?mode=ro" % sys.argv[1], uri=True)
+        ok = con.execute("PRAGMA integrity_check").fetchone()[0]
+        n = con.execute("SELECT count(*) FROM t").fetchone()[0]
+        h = hashlib.sha256()
+        for row in con.execute("SELECT id, v FROM t ORDER BY id"):
+            h.update(repr(row).encode())
+        print(ok, n, h.hexdigest())
+        """
+    )
+    r = run([sys.executable, "-c", code, path])
+    assert r.returncode == 0, r.stderr
+    ok, n, digest = r.stdout.split()
+    return ok, int(n), digest
+
+
+def test_sqlite_inside_transaction(work: str) -> None:
+    db = os.path.join(work, "app.db")
+    _make_db(db)
+    before = _db_state(db)
+    assert before[:2] == ("ok", ROWS)
+    with txfs.transaction():
+        con = sqlite3.connect(db)
+        con.execute("UPDATE t SET v = 'updated' WHERE id < 100")
+        con.executemany("INSERT INTO t (v) VALUES (?)", (("new",) for _ in range(50)))
+        con.commit()
+        assert con.execute("SELECT count(*) FROM t").fetchone()[0] == ROWS + 50
+        con.close()
+        assert _db_state(db) == before, "another process saw the uncommitted database"
+    after = _db_state(db)
+    assert after[:2] == ("ok", ROWS + 50)
+    assert not os.path.exists(db + "-journal")
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sqlite3, sys, time
+    import txfs
+    db, mode = sys.argv[1], sys.argv[2]
+    txfs.begin()                                  # $TXFS_MOUNT
+    con = sqlite3.connect(db, isolation_level=None)
+    if mode == "committed":
+        # a whole sqlite transaction, committed by sqlite (fsyncs and all),
+        # but the txfs transaction stays open: then SIGKILL
+        con.execute("BEGIN")
+        con.execute("DELETE FROM t WHERE id % 3 = 0")
+        con.execute("UPDATE t SET v = 'changed' WHERE id % 3 = 1")
+        con.executemany("INSERT INTO t (v) VALUES (?)", (("added" * 50,) for _ in range(2000)))
+        con.execute("COMMIT")
+        print("ready", flush=True)
+    else:
+        # busy: killed somewhere inside sqlite transactions, journal and all
+        i = 0
+        while True:
+            con.execute("BEGIN")
+            con.executemany("INSERT INTO t (v) VALUES (?)", (("busy%d" % i,) for _ in range(200)))
+            con.execute("UPDATE t SET v = 'busy' WHERE id %% 7 = %d" % (i % 7))
+            if i == 3:
+                print("ready", flush=True)
+            con.execute("COMMIT" if i % 2 else "ROLLBACK")
+            i += 1
+    time.sleep(120)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["committed", "busy"])
+def test_sqlite_writer_killed_mid_transaction(work: str, mnt: str, child_env: Dict[str, str], mode: str) -> None:
+    db = os.path.join(work, "kill.db")
+    _make_db(db)
+    before = _db_state(db)
+    assert before[:2] == ("ok", ROWS)
+    live_before = txfs.status(mnt)["live_txs"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, db, mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", f"writer: {line!r} {proc.stderr.read() if proc.stderr else ''}"
+        if mode == "committed":
+            # sqlite committed inside the open txfs transaction: nobody sees it
+            assert _db_state(db) == before
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(TIMEOUT)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert proc.returncode == -signal.SIGKILL
+    # the daemon aborts the dead thread's transaction
+    deadline = time.monotonic() + 10
+    while txfs.status(mnt)["live_txs"] > live_before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert txfs.status(mnt)["live_txs"] <= live_before, "the killed writer's transaction is still live"
+    after = _db_state(db)
+    assert after == before, f"database changed: {before} -> {after}"
+    assert sorted(os.listdir(work)) == ["kill.db"], "leftovers (hot journal?)"
+    # and it is still an ordinary, writable database
+    con = sqlite3.connect(db)
+    con.execute("INSERT INTO t (v) VALUES ('after')")
+    con.commit()
+    con.close()
+    assert _db_state(db)[:2] == ("ok", ROWS + 1)
+
+
+# ---- kernel caches ---------------------------------------------------------------------
+
+OBSERVER = textwrap.dedent(
+    """
+    import json, mmap, os, sys
+    path = sys.argv[1]
+    fd = os.open(path, os.O_RDONLY)          # opened before the transaction began
+    os.pread(fd, 4096, 0)                    # and its pages cached
+    try:
+        m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+        m[:len(m)]                           # fault the pages in
+    except OSError as e:                     # checked by test_read_only_mmap
+        m = None
+        mmap_error = "errno:%d" % e.errno
+    print("ready", flush=True)
+    for line in sys.stdin:
+        st = os.fstat(fd)
+        fresh = os.open(path, os.O_RDONLY)
+        try:
+            fresh_data = os.pread(fresh, 4096, 0).decode()
+        finally:
+            os.close(fresh)
+        print(json.dumps({
+            "pread": os.pread(fd, 4096, 0).decode(),
+            "fstat_size": st.st_size,
+            "stat_size": os.stat(path).st_size,
+            "fresh": fresh_data,
+            "mmap": m[:len(m)].decode() if m is not None else mmap_error,
+        }), flush=True)
+    """
+)
+
+
+def test_isolation_through_cached_pages_and_open_fds(work: str) -> None:
+    """An observer that opened, read and mmapped the file before the
+    transaction must not see the transaction's writes through its page cache,
+    its old descriptor or its mapping until the commit."""
+    f = os.path.join(work, "cached")
+    write(f, "committed v1")
+    obs = subprocess.Popen(
+        [sys.executable, "-c", OBSERVER, f], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert obs.stdin is not None and obs.stdout is not None
+
+    def ask() -> Dict[str, object]:
+        assert obs.stdin is not None and obs.stdout is not None
+        obs.stdin.write("?\n")
+        obs.stdin.flush()
+        answer: Dict[str, object] = json.loads(obs.stdout.readline())
+        return answer
+
+    try:
+        assert obs.stdout.readline().strip() == "ready"
+        base = ask()
+        mmap_ok = base.pop("mmap") == "committed v1"
+        assert base == {"pread": "committed v1", "fstat_size": 12, "stat_size": 12, "fresh": "committed v1"}
+        with txfs.transaction():
+            with open(f, "r+") as w:
+                w.write("UNCOMMITTED")  # same size region, page already cached elsewhere
+            with open(f, "a") as w:
+                w.write(" and longer")
+            assert read(f) == "UNCOMMITTED1 and longer"
+            during = ask()
+            during_mmap = during.pop("mmap")
+            assert during == base, f"uncommitted data leaked: {during}"
+            if mmap_ok:
+                assert during_mmap == "committed v1", f"uncommitted data leaked into a mapping: {during_mmap}"
+        after = ask()
+        assert after["fresh"] == "UNCOMMITTED1 and longer"
+        assert after["stat_size"] == len("UNCOMMITTED1 and longer")
+        assert after["pread"] == "UNCOMMITTED1 and longer", f"stale after commit: {after}"
+    finally:
+        obs.stdin.close()
+        obs.wait(TIMEOUT)
+        obs.stdout.close()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["MAP_PRIVATE", "MAP_SHARED"])
+def test_read_only_mmap(work: str, shared: bool) -> None:
+    """SPEC §3: read-only mmap works, outside and inside a transaction
+    (PROT_READ; MAP_SHARED is what Python's mmap, SQLite's mmap_size and
+    LMDB use)."""
+    import mmap
+
+    flags = mmap.MAP_SHARED if shared else mmap.MAP_PRIVATE
+    f = os.path.join(work, "mapped")
+    write(f, "mapped data")
+    with open(f, "rb") as r:
+        with mmap.mmap(r.fileno(), 0, flags=flags, prot=mmap.PROT_READ) as m:
+            assert m[:] == b"mapped data"
+    with txfs.transaction():
+        write(f, "tx data")
+        with open(f, "rb") as r:
+            with mmap.mmap(r.fileno(), 0, flags=flags, prot=mmap.PROT_READ) as m:
+                assert m[:] == b"tx data"

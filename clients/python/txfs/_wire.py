@@ -1,0 +1,110 @@
+"""The ioctl wire protocol of txfs, byte for byte as in ``clients/c/txfs.h``.
+
+The numbers are computed the way Linux's ``_IOW``/``_IOR`` macros compute them
+(``include/uapi/asm-generic/ioctl.h``, with the per-architecture variants of
+powerpc, mips, sparc and alpha), and the structs are packed with :mod:`struct`
+in native byte order with the C layout (every field is naturally aligned, so
+there is no padding).
+"""
+
+from __future__ import annotations
+
+import platform
+import struct
+from typing import NamedTuple
+
+
+class IocLayout(NamedTuple):
+    """How an architecture encodes ioctl numbers."""
+
+    nrbits: int
+    typebits: int
+    sizebits: int
+    dirbits: int
+    none: int
+    write: int
+    read: int
+
+
+#: asm-generic (x86, arm, arm64, riscv, s390, loongarch, ...)
+GENERIC = IocLayout(nrbits=8, typebits=8, sizebits=14, dirbits=2, none=0, write=1, read=2)
+#: powerpc, mips, sparc, alpha: 13 size bits, 3 direction bits
+ALTERNATE = IocLayout(nrbits=8, typebits=8, sizebits=13, dirbits=3, none=1, write=4, read=2)
+
+
+def layout_for(machine: str) -> IocLayout:
+    """The ioctl encoding of the architecture that ``platform.machine()`` names."""
+    m = machine.lower()
+    if m.startswith(("ppc", "powerpc", "mips", "sparc", "alpha")):
+        return ALTERNATE
+    return GENERIC
+
+
+LAYOUT = layout_for(platform.machine())
+
+
+def ioc(direction: int, typ: int, nr: int, size: int, layout: IocLayout = LAYOUT) -> int:
+    """``_IOC(dir, type, nr, size)``."""
+    if not 0 <= size < (1 << layout.sizebits):
+        raise ValueError(f"ioctl argument size {size} does not fit in {layout.sizebits} bits")
+    nrshift = 0
+    typeshift = nrshift + layout.nrbits
+    sizeshift = typeshift + layout.typebits
+    dirshift = sizeshift + layout.sizebits
+    return (direction << dirshift) | (typ << typeshift) | (nr << nrshift) | (size << sizeshift)
+
+
+def iow(typ: int, nr: int, size: int, layout: IocLayout = LAYOUT) -> int:
+    """``_IOW(type, nr, T)`` with ``sizeof(T) == size``."""
+    return ioc(layout.write, typ, nr, size, layout)
+
+
+def ior(typ: int, nr: int, size: int, layout: IocLayout = LAYOUT) -> int:
+    """``_IOR(type, nr, T)`` with ``sizeof(T) == size``."""
+    return ioc(layout.read, typ, nr, size, layout)
+
+
+TXFS_IOC_MAGIC = 0xE7
+TXFS_COMMIT_ORDERED = 0x1
+TXFS_RUN_BEGIN = 1
+TXFS_RUN_COMMIT = 2
+TXFS_RUN_ABORT = 3
+
+#: struct txfs_ioc_flags { uint32_t flags; uint32_t reserved; }
+IOC_FLAGS = struct.Struct("=II")
+#: struct txfs_ioc_run { uint32_t pid, op, flags, reserved; }
+IOC_RUN = struct.Struct("=IIII")
+#: struct txfs_ioc_status { uint64_t commits, aborts, conflicts, live_txs,
+#:                          journal_bytes, journal_syncs, checkpoints, last_seq; }
+IOC_STATUS = struct.Struct("=8Q")
+STATUS_FIELDS = (
+    "commits",
+    "aborts",
+    "conflicts",
+    "live_txs",
+    "journal_bytes",
+    "journal_syncs",
+    "checkpoints",
+    "last_seq",
+)
+#: struct txfs_ioc_state { uint64_t tx; uint32_t depth; uint32_t reserved; }
+IOC_STATE = struct.Struct("=QII")
+
+TXFS_IOC_BEGIN = iow(TXFS_IOC_MAGIC, 1, IOC_FLAGS.size)
+TXFS_IOC_COMMIT = iow(TXFS_IOC_MAGIC, 2, IOC_FLAGS.size)
+TXFS_IOC_ABORT = iow(TXFS_IOC_MAGIC, 3, IOC_FLAGS.size)
+TXFS_IOC_SYNC = iow(TXFS_IOC_MAGIC, 4, IOC_FLAGS.size)
+TXFS_IOC_RUN = iow(TXFS_IOC_MAGIC, 5, IOC_RUN.size)
+TXFS_IOC_STATUS = ior(TXFS_IOC_MAGIC, 6, IOC_STATUS.size)
+TXFS_IOC_STATE = ior(TXFS_IOC_MAGIC, 7, IOC_STATE.size)
+
+#: name -> number, as the C header spells them
+IOCTLS = {
+    "TXFS_IOC_BEGIN": TXFS_IOC_BEGIN,
+    "TXFS_IOC_COMMIT": TXFS_IOC_COMMIT,
+    "TXFS_IOC_ABORT": TXFS_IOC_ABORT,
+    "TXFS_IOC_SYNC": TXFS_IOC_SYNC,
+    "TXFS_IOC_RUN": TXFS_IOC_RUN,
+    "TXFS_IOC_STATUS": TXFS_IOC_STATUS,
+    "TXFS_IOC_STATE": TXFS_IOC_STATE,
+}
