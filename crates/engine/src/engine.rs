@@ -924,7 +924,13 @@ impl Engine {
     /// Commits `tx`. On [`Error::Conflict`] the transaction is gone and
     /// nothing of it survives: retry it from the start.
     pub fn commit(&self, tx: TxId, durability: Durability) -> Result<()> {
-        let pos = {
+        self.commit_changes(tx, durability).map(|_| ())
+    }
+
+    /// [`Engine::commit`], returning the files whose content the commit
+    /// changed (the mount invalidates their kernel page cache).
+    pub fn commit_changes(&self, tx: TxId, durability: Durability) -> Result<Vec<ObjId>> {
+        let (pos, changed) = {
             let mut st = self.lock();
             let t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
             st.stats.live_txs = st.txs.len() as u64;
@@ -946,7 +952,7 @@ impl Engine {
             self.shared.sync.wait_durable(pos)?;
         }
         self.maybe_checkpoint();
-        Ok(())
+        Ok(changed)
     }
 
     pub fn abort(&self, tx: TxId) -> Result<()> {
@@ -959,6 +965,12 @@ impl Engine {
             st.ver.prune_all();
         }
         Ok(())
+    }
+
+    /// True if `tx` has changed the content of `o` (its reads of `o` are
+    /// private data).
+    pub fn changes_content(&self, tx: TxId, o: ObjId) -> bool {
+        self.lock().txs.get(&tx).is_some_and(|t| t.delta.objs.get(&o).is_some_and(|od| od.file.is_some()))
     }
 
     /// True if `tx` is live.
@@ -1332,7 +1344,7 @@ fn background(sh: Arc<Shared>, iv: Duration) {
 
 /// Validates, journals and publishes one transaction (I3, J2). Called with
 /// the lock held; returns the journal position to wait for if durable.
-fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<JPos> {
+fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, Vec<ObjId>)> {
     if let Some(w) = tx.doomed.take() {
         st.discard_tx(&tx);
         return Err(Error::Conflict { tx: tx.id, what: w });
@@ -1343,8 +1355,9 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<JPos> {
     }
     if tx.delta.is_empty() {
         st.discard_tx(&tx);
-        return Ok(*sync.written.lock());
+        return Ok((*sync.written.lock(), Vec::new()));
     }
+    let changed: Vec<ObjId> = tx.delta.objs.iter().filter(|(_, od)| od.file.is_some()).map(|(o, _)| *o).collect();
     let seq = Seq(st.seq.0 + 1);
     // Sizes before this commit, for stamping truncated pages.
     let mut old_sizes = HashMap::new();
@@ -1411,7 +1424,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<JPos> {
     st.stats.commits += 1;
     let pos = JPos { epoch, off: appended.end };
     *sync.written.lock() = pos;
-    Ok(pos)
+    Ok((pos, changed))
 }
 
 fn placeholder_writer(st: &State) -> JournalWriter {

@@ -1,21 +1,32 @@
 //! The FUSE adapter: kernel requests in, engine calls out.
 //!
 //! ## Kernel caches (SPEC §6): the policy of this version
-//! Correctness first: every open is `FOPEN_DIRECT_IO` and every entry and
-//! attribute is returned with a zero TTL. So the kernel keeps no file pages,
-//! no attributes and no positive or negative dentries that it would serve
-//! without asking: every read, stat and path walk reaches the daemon, which
-//! answers with the view of the caller's transaction (or the committed
-//! state). No uncommitted byte can enter a cache shared with another
-//! process, and no transaction can be served a stale view of its own
-//! changes. The price is a round trip per operation and per path component;
-//! transaction-private node ids that make caching safe are the next step
-//! (docs/DESIGN.md, "Mount").
+//! Correctness first. Every entry and attribute is returned with a zero
+//! TTL, so every stat and path walk reaches the daemon and gets the view of
+//! the caller's transaction. File data:
 //!
-//! Consequences: shared writable `mmap` fails with `ENODEV` (the kernel
-//! refuses it for direct-I/O files), inside and outside transactions —
-//! never silently half-transactional. Private and read-only mmap work
-//! (executables, git's pack files).
+//! * Handles opened for writing, or by a thread in a transaction, are
+//!   `FOPEN_DIRECT_IO`: no page of theirs enters the shared page cache, so
+//!   no uncommitted byte can reach another process, and a transaction always
+//!   reads its own writes from the daemon.
+//! * Handles opened read-only outside any transaction use the page cache
+//!   (so `MAP_SHARED` read-only mappings work, SPEC §3) and are always
+//!   served the *committed* state, whoever reads through them: pages that
+//!   enter the shared cache are committed pages. Every commit invalidates
+//!   the cached pages of the files it changed before it returns
+//!   ([`TxFs::invalidate`]), so a reader never sees a stale page after the
+//!   commit is visible.
+//!
+//! Consequences: shared `mmap` of a handle opened inside a transaction or
+//! for writing fails with `ENODEV` — never silently half-transactional.
+//! `MAP_PRIVATE` works everywhere; but a private mapping's page faults fill
+//! the shared page cache, so after every read that returned a
+//! transaction's private data the daemon drops that file's cached pages
+//! again. NB: between that reply and the invalidation (microseconds) a
+//! page-cache reader of the same file could see the page; the fix is
+//! transaction-private node ids (DESIGN §9). A read-only descriptor opened
+//! *before* a transaction began keeps showing the committed state inside it
+//! (open the file again inside the transaction to read your own writes).
 //!
 //! POSIX byte-range locks and flock are left to the kernel (no lock
 //! handlers), which implements them locally as on any file system.
@@ -41,6 +52,8 @@ const TTL: Duration = Duration::ZERO;
 
 struct Handle {
     obj: ObjId,
+    /// A page-cache handle: always served the committed state.
+    cached: bool,
     /// The transaction the opener was in: used when a request carries no
     /// caller (pid 0).
     tx: Option<TxId>,
@@ -54,6 +67,8 @@ pub struct TxFs {
     handles: Mutex<HashMap<u64, Handle>>,
     dirs: Mutex<HashMap<u64, Vec<DirEntry>>>,
     next_fh: AtomicU64,
+    /// Set once the session exists; used to drop stale kernel pages.
+    pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 fn errno(e: &Error) -> Errno {
@@ -124,7 +139,29 @@ impl TxFs {
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            notifier: Arc::new(std::sync::OnceLock::new()),
         }
+    }
+
+    /// Drops the kernel's cached pages of files a commit changed. Runs
+    /// before the committer is answered, so nobody reads a stale page after
+    /// the commit is visible to them.
+    fn invalidate(&self, objs: &[ObjId]) {
+        if let Some(n) = self.notifier.get() {
+            for o in objs {
+                // ENOENT: the kernel has no inode for it, nothing to drop.
+                let _ = n.inval_inode(INodeNo(o.0), 0, 0);
+            }
+        }
+    }
+
+    /// Result of a non-transactional change to `o`'s content: committed
+    /// at once, so cached pages must go.
+    fn after_write<T>(&self, tx: Option<TxId>, o: ObjId, r: Result<T, Error>) -> Result<T, Error> {
+        if tx.is_none() && r.is_ok() {
+            self.invalidate(&[o]);
+        }
+        r
     }
 
     fn tx(&self, req: &Request) -> Option<TxId> {
@@ -143,11 +180,13 @@ impl TxFs {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn open_handle(&self, o: ObjId, tx: Option<TxId>, flags: i32) -> Result<u64, Error> {
+    /// Opens a handle; returns it and the FOPEN flags (see the module docs).
+    fn open_handle(&self, o: ObjId, tx: Option<TxId>, flags: i32) -> Result<(u64, FopenFlags), Error> {
         self.engine.open_obj(o)?;
         let fh = self.new_fh();
-        self.handles.lock().insert(fh, Handle { obj: o, tx, append: flags & libc::O_APPEND != 0 });
-        Ok(fh)
+        let cached = tx.is_none() && flags & libc::O_ACCMODE == libc::O_RDONLY;
+        self.handles.lock().insert(fh, Handle { obj: o, cached, tx, append: flags & libc::O_APPEND != 0 });
+        Ok((fh, if cached { FopenFlags::empty() } else { FopenFlags::FOPEN_DIRECT_IO }))
     }
 
     fn ioctl_cmd(&self, req: &Request, cmd: u32, data: &[u8]) -> Result<Vec<u8>, Errno> {
@@ -168,13 +207,16 @@ impl TxFs {
                     return Err(Errno::from_i32(libc::EINVAL));
                 }
                 match self.txs.end(tid) {
-                    Some((tx, true)) => {
-                        let r = self.engine.commit(tx, durability);
-                        if let Err(err) = &r {
-                            tracing::info!(tid, %tx, "commit failed: {err}");
+                    Some((tx, true)) => match self.engine.commit_changes(tx, durability) {
+                        Ok(changed) => {
+                            self.invalidate(&changed);
+                            Ok(Vec::new())
                         }
-                        e(r).map(|_| Vec::new())
-                    }
+                        Err(err) => {
+                            tracing::info!(tid, %tx, "commit failed: {err}");
+                            Err(errno(&err))
+                        }
+                    },
                     _ => Ok(Vec::new()),
                 }
             }
@@ -219,12 +261,17 @@ impl TxFs {
                         }
                         let d =
                             if flags & ioctl::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
-                        let r = self.engine.commit(tx, d);
-                        match &r {
-                            Ok(()) => tracing::info!(pid, %tx, "process tree transaction committed"),
-                            Err(err) => tracing::info!(pid, %tx, "process tree commit failed: {err}"),
+                        match self.engine.commit_changes(tx, d) {
+                            Ok(changed) => {
+                                self.invalidate(&changed);
+                                tracing::info!(pid, %tx, "process tree transaction committed");
+                                Ok(Vec::new())
+                            }
+                            Err(err) => {
+                                tracing::info!(pid, %tx, "process tree commit failed: {err}");
+                                Err(errno(&err))
+                            }
                         }
-                        e(r).map(|_| Vec::new())
                     }
                     _ => Err(Errno::EINVAL),
                 }
@@ -316,7 +363,8 @@ impl Filesystem for TxFs {
             None => self.tx(req),
         };
         let set = SetAttr { mode, uid, gid, size, atime: atime.map(stamp), mtime: mtime.map(stamp) };
-        match self.engine.setattr(tx, obj(ino), &set) {
+        let r = self.engine.setattr(tx, obj(ino), &set);
+        match if size.is_some() { self.after_write(tx, obj(ino), r) } else { r } {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -410,12 +458,13 @@ impl Filesystem for TxFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let tx = self.tx(req);
         if flags.0 & libc::O_TRUNC != 0 {
-            if let Err(e) = self.engine.truncate(tx, obj(ino), 0) {
+            let r = self.engine.truncate(tx, obj(ino), 0);
+            if let Err(e) = self.after_write(tx, obj(ino), r) {
                 return reply.error(errno(&e));
             }
         }
         match self.open_handle(obj(ino), tx, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO),
+            Ok((fh, fopen)) => reply.opened(FileHandle(fh), fopen),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -431,10 +480,20 @@ impl Filesystem for TxFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let tx = self.tx_fh(req, fh);
-        let Some(o) = self.handles.lock().get(&fh.0).map(|h| h.obj) else { return reply.error(Errno::EBADF) };
+        let Some((o, cached)) = self.handles.lock().get(&fh.0).map(|h| (h.obj, h.cached)) else {
+            return reply.error(Errno::EBADF);
+        };
+        // Pages read through a cached handle are shared: committed state only.
+        let tx = if cached { None } else { self.tx_fh(req, fh) };
         match self.engine.read(tx, o, offset, size as usize) {
-            Ok(d) => reply.data(&d),
+            Ok(d) => {
+                reply.data(&d);
+                // A page fault of a private mapping made inside a transaction
+                // fills the shared page cache with this reply: drop it again.
+                if tx.is_some_and(|t| self.engine.changes_content(t, o)) {
+                    self.invalidate(&[o]);
+                }
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -461,7 +520,7 @@ impl Filesystem for TxFs {
         } else {
             self.engine.write(tx, o, offset, data)
         };
-        match r {
+        match self.after_write(tx, o, r) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         }
@@ -637,7 +696,7 @@ impl Filesystem for TxFs {
             Err(e) => return reply.error(errno(&e)),
         };
         match self.open_handle(attr.obj, tx, flags) {
-            Ok(fh) => reply.created(&TTL, &fattr(&attr), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO),
+            Ok((fh, fopen)) => reply.created(&TTL, &fattr(&attr), Generation(0), FileHandle(fh), fopen),
             Err(e) => reply.error(errno(&e)),
         }
     }

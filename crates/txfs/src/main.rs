@@ -116,6 +116,7 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     let engine = Arc::new(open_engine(&backing, Options::default())?);
     let txfs = fs::TxFs::new(engine.clone(), backing.clone());
     let txs = txfs.txs.clone();
+    let notifier_slot = txfs.notifier.clone();
     let mut mopts = vec![
         fuser::MountOption::FSName(format!("txfs:{}", backing.display())),
         fuser::MountOption::CUSTOM("subtype=txfs".into()),
@@ -156,6 +157,7 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
         })
         .map_err(|e| format!("reaper thread: {e}"))?;
     let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
+    let _ = notifier_slot.set(session.notifier());
     tracing::info!(backing = %backing.display(), mountpoint = %point.display(), "serving");
     session.run().map_err(|e| format!("FUSE session: {e}"))?;
     tracing::info!("unmounted");
