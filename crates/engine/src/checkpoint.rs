@@ -135,6 +135,8 @@ fn exists(s: &dyn Storage, path: &Path) -> Result<bool> {
 /// What the in-memory node table must look like after the plan ran.
 struct NodeUpdates {
     moved: Vec<(ObjId, BaseLoc)>,
+    /// Base names the plan changed: no node may keep them as a location.
+    changed_locs: HashSet<(ObjId, OsString)>,
     gone: Vec<ObjId>,
     new_inos: Vec<ObjId>,
 }
@@ -168,6 +170,27 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
     for v in final_locs.values_mut() {
         v.sort();
     }
+    // Base names that change, and objects that lose a name but keep
+    // another known one (a hard link a lookup met): they stay there.
+    let changed_locs: HashSet<(ObjId, OsString)> =
+        changes.iter().filter(|c| c.2.is_some()).map(|c| (c.0, c.1.clone())).collect();
+    let mut keep_at: HashMap<ObjId, BaseLoc> = HashMap::new();
+    for b in &moved_out {
+        if final_locs.contains_key(b) {
+            continue;
+        }
+        if let Some(n) = st.nodes.get(b) {
+            let remaining = n
+                .base
+                .iter()
+                .chain(n.alts.iter())
+                .find(|l| !changed_locs.contains(&(l.parent, l.name.clone())))
+                .cloned();
+            if let Some(loc) = remaining {
+                keep_at.insert(*b, loc);
+            }
+        }
+    }
     // Final path of a live object: first new name, else unchanged base name.
     let final_path = |st: &State, o: ObjId| -> Option<PathBuf> {
         let mut parts = Vec::new();
@@ -182,6 +205,10 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             }
             let (parent, name) = match final_locs.get(&cur).and_then(|v| v.first()) {
                 Some((pp, n)) => (*pp, n.clone()),
+                None if keep_at.contains_key(&cur) => {
+                    let l = &keep_at[&cur];
+                    (l.parent, l.name.clone())
+                }
                 None => {
                     if moved_out.contains(&cur) || d.created.contains_key(&cur) {
                         return None;
@@ -204,7 +231,10 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         attrs: Vec::new(),
         dead: Vec::new(),
     };
-    let mut upd = NodeUpdates { moved: Vec::new(), gone: Vec::new(), new_inos: Vec::new() };
+    let mut upd = NodeUpdates { moved: Vec::new(), gone: Vec::new(), new_inos: Vec::new(), changed_locs: HashSet::new() };
+    for (o, loc) in &keep_at {
+        upd.moved.push((*o, loc.clone()));
+    }
     // Objects that end up nowhere in the tree but must survive: open
     // objects (orphans) and files still linked under names we never saw.
     let mut orphan: Vec<ObjId> = Vec::new();
@@ -221,6 +251,11 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         let node = st.nodes.get(b).ok_or(Error::Stale(*b))?;
         let placed = final_locs.contains_key(b);
         let open = node.open > 0;
+        if keep_at.contains_key(b) {
+            // Still linked under a name that does not change: drop this one.
+            outs.push((depth, MoveOut::Unlink { from: bytes(&from) }));
+            continue;
+        }
         // A file still linked under a name the engine never looked up.
         let linked_elsewhere =
             node.kind != FileKind::Dir && st.attr_unrecorded(None, *b).map(|a| a.nlink).unwrap_or(0) > 0;
@@ -358,6 +393,7 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             plan.attrs.push(op);
         }
     }
+    upd.changed_locs = changed_locs;
     Ok((plan, upd))
 }
 
@@ -482,6 +518,12 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
             s.set_times(path, at.unwrap_or(m.atime), mt.unwrap_or(m.mtime)).ctx("checkpoint utimes", what)?;
         }
     }
+    // Contents written through a stage link must be durable before phase 4
+    // removes that link: replay cannot write through it again.
+    let stage = Path::new(META_DIR).join("stage");
+    if plan.data.iter().map(|d| &d.path).chain(plan.attrs.iter().map(|a| &a.path)).any(|x| p(x).starts_with(&stage)) {
+        s.sync_all().ctx("checkpoint sync", || "phase 3".into())?;
+    }
     for dead in &plan.dead {
         remove_tree(s, p(dead))?;
     }
@@ -603,9 +645,17 @@ fn run_inner(st: &mut State, sync: &SyncState) -> Result<()> {
     }
     for (o, loc) in upd.moved {
         if let Some(n) = st.nodes.get_mut(&o) {
+            // Names the node had that still exist stay known as links.
+            if let Some(old) = n.base.take() {
+                n.alts.push(old);
+            }
+            n.alts.retain(|l| *l != loc);
             n.base = Some(loc);
             n.gone = false;
         }
+    }
+    for n in st.nodes.values_mut() {
+        n.alts.retain(|l| !upd.changed_locs.contains(&(l.parent, l.name.clone())));
     }
     for o in upd.new_inos {
         if let Some(pth) = st.base_path(o) {

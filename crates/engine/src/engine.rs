@@ -152,6 +152,8 @@ pub(crate) struct Node {
     pub kind: FileKind,
     /// `None`: created since the last checkpoint, or gone.
     pub base: Option<BaseLoc>,
+    /// Other names of a hard-linked base file that lookups met.
+    pub alts: Vec<BaseLoc>,
     pub open: u32,
     pub gone: bool,
     pub ino: Option<(u64, u64)>,
@@ -229,7 +231,7 @@ impl State {
     pub(crate) fn new_obj(&mut self, kind: FileKind) -> ObjId {
         let o = ObjId(self.next_obj);
         self.next_obj += 1;
-        self.nodes.insert(o, Node { kind, base: None, open: 0, gone: false, ino: None });
+        self.nodes.insert(o, Node { kind, base: None, alts: Vec::new(), open: 0, gone: false, ino: None });
         o
     }
 
@@ -278,8 +280,12 @@ impl State {
         };
         let key = (meta.dev, meta.ino);
         if let Some(&o) = self.by_ino.get(&key) {
-            if let Some(n) = self.nodes.get(&o) {
+            if let Some(n) = self.nodes.get_mut(&o) {
                 if n.kind == meta.kind && !n.gone {
+                    let loc = BaseLoc { parent: dir, name: name.to_owned() };
+                    if n.base.as_ref() != Some(&loc) && !n.alts.contains(&loc) {
+                        n.alts.push(loc);
+                    }
                     return Ok(Some(o));
                 }
             }
@@ -854,6 +860,9 @@ impl Engine {
         });
         let engine = Engine { shared, bg: Mutex::new(None) };
         engine.checkpoint()?;
+        // Orphans (files unlinked while open) were needed until the
+        // journal naming them was checkpointed; no handle survives a restart.
+        crate::recovery::clear_orphans(&engine.lock())?;
         if let Some(iv) = opts.flush_interval {
             let sh = engine.shared.clone();
             *engine.bg.lock() = Some(

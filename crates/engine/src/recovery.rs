@@ -121,6 +121,13 @@ fn clear_dir(s: &dyn Storage, p: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Removes files that were unlinked while open (none is open after a restart).
+pub(crate) fn clear_orphans(st: &State) -> Result<()> {
+    let p = Path::new(META_DIR).join("orphans");
+    clear_dir(&*st.storage, &p)?;
+    st.storage.fsync(&p).ctx("recovery cleanup", || p.display().to_string())
+}
+
 fn parse_hex(n: &OsStr, prefix: &str, suffix: &str) -> Option<u64> {
     let s = n.to_str()?;
     let h = s.strip_prefix(prefix)?.strip_suffix(suffix)?;
@@ -170,9 +177,9 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         }
         checkpoint::finish(s, &plan)?;
     }
-    // 3. Private and unreachable leftovers.
+    // 3. Private leftovers. (Orphans may still be named by the journal:
+    // `Engine::open` clears them after its checkpoint.)
     clear_dir(s, &meta.join("spill"))?;
-    clear_dir(s, &meta.join("orphans"))?;
     let stage = meta.join("stage");
     if !s.read_dir(&stage).ctx("recovery", || stage.display().to_string())?.is_empty() {
         return Err(Error::Corrupt {
@@ -252,6 +259,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     let dir = |parent: ObjId, name: &str| Node {
         kind: FileKind::Dir,
         base: Some(BaseLoc { parent, name: OsString::from(name) }),
+        alts: Vec::new(),
         open: 0,
         gone: false,
         ino: None,
