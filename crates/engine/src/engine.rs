@@ -265,6 +265,22 @@ impl State {
         self.nodes.get(&o).map(|n| n.kind).ok_or(Error::Stale(o))
     }
 
+    /// The kind of `o` if `tx` (or, with `None`, everyone) can reach it:
+    /// objects created by a live transaction exist only for it (I1), and
+    /// those of aborted transactions for nobody.
+    pub(crate) fn kind_in(&self, tx: Option<&Tx>, o: ObjId) -> Result<FileKind> {
+        let n = self.nodes.get(&o).ok_or(Error::Stale(o))?;
+        let reachable = !n.gone
+            && (n.base.is_some()
+                || self.committed.created.contains_key(&o)
+                || tx.is_some_and(|t| t.delta.created.contains_key(&o)));
+        if reachable {
+            Ok(n.kind)
+        } else {
+            Err(Error::Stale(o))
+        }
+    }
+
     /// The object named `name` in the backing directory `dir`, creating its
     /// node on first sight.
     pub(crate) fn base_child(&mut self, dir: ObjId, name: &OsStr) -> Result<Option<ObjId>> {
@@ -406,10 +422,9 @@ impl State {
 
     /// Attributes without recording a read (for the committed view, `tx = None`).
     pub(crate) fn attr_unrecorded(&self, tx: Option<&Tx>, o: ObjId) -> Result<Attr> {
-        let node = self.nodes.get(&o).ok_or(Error::Stale(o))?;
-        if node.gone {
-            return Err(Error::Stale(o));
-        }
+        self.kind_in(tx, o)?;
+        let node = &self.nodes[&o];
+        let orphan = node.base.as_ref().is_some_and(|b| b.parent == ORPHANS_OBJ);
         let mut a = match self.base_meta(o)? {
             Some(m) => Attr {
                 obj: o,
@@ -451,6 +466,10 @@ impl State {
             if let Some(t) = &n.target {
                 a.size = t.len() as u64;
             }
+        }
+        if orphan {
+            // The .txfs/orphans link is ours, not the user's.
+            a.nlink = a.nlink.saturating_sub(1);
         }
         Ok(a)
     }
@@ -547,14 +566,10 @@ impl State {
     }
 
     fn expect_dir(&mut self, tx: &mut Tx, o: ObjId) -> Result<()> {
-        match self.node_kind(o)? {
+        match self.kind_in(Some(tx), o)? {
             FileKind::Dir => Ok(()),
             _ => Err(Error::posix("lookup", format!("{o} is not a directory"), libc::ENOTDIR)),
         }
-        .and_then(|_| if self.nodes[&o].gone { Err(Error::Stale(o)) } else { Ok(()) })
-        .map(|_| {
-            let _ = tx;
-        })
     }
 
     // ----- mutations (into tx's delta) --------------------------------------
@@ -586,7 +601,9 @@ impl State {
         if self.lookup(tx, parent, name)?.is_some() {
             return Err(Error::posix("create", format!("{name:?} exists"), libc::EEXIST));
         }
-        let pattr = self.attr(tx, parent)?;
+        // The parent's setgid bit; not a recorded read: creating names in a
+        // directory must not conflict with other changes to it (I3).
+        let pattr = self.attr_unrecorded(Some(tx), parent)?;
         let o = self.new_obj(kind);
         let (uid, mut gid) = owner;
         let mut mode = mode & 0o7777;
@@ -757,7 +774,7 @@ impl State {
     }
 
     fn write(&mut self, tx: &mut Tx, o: ObjId, off: u64, data: &[u8]) -> Result<()> {
-        match self.node_kind(o)? {
+        match self.kind_in(Some(tx), o)? {
             FileKind::File => {}
             FileKind::Dir => return Err(Error::posix("write", o.to_string(), libc::EISDIR)),
             _ => return Err(Error::posix("write", o.to_string(), libc::EINVAL)),
@@ -796,7 +813,7 @@ impl State {
     }
 
     fn truncate(&mut self, tx: &mut Tx, o: ObjId, size: u64) -> Result<()> {
-        match self.node_kind(o)? {
+        match self.kind_in(Some(tx), o)? {
             FileKind::File => {}
             FileKind::Dir => return Err(Error::posix("truncate", o.to_string(), libc::EISDIR)),
             _ => return Err(Error::posix("truncate", o.to_string(), libc::EINVAL)),
@@ -1022,7 +1039,7 @@ impl Engine {
     /// Reads up to `len` bytes at `off` (fewer at end of file).
     pub fn read(&self, tx: Option<TxId>, o: ObjId, off: u64, len: usize) -> Result<Vec<u8>> {
         self.run(tx, |st, t| {
-            match st.node_kind(o)? {
+            match st.kind_in(Some(t), o)? {
                 FileKind::File => {}
                 FileKind::Dir => return Err(Error::posix("read", o.to_string(), libc::EISDIR)),
                 _ => return Err(Error::posix("read", o.to_string(), libc::EINVAL)),
@@ -1085,7 +1102,7 @@ impl Engine {
 
     pub fn readlink(&self, tx: Option<TxId>, o: ObjId) -> Result<OsString> {
         self.run(tx, |st, t| {
-            if st.node_kind(o)? != FileKind::Symlink {
+            if st.kind_in(Some(t), o)? != FileKind::Symlink {
                 return Err(Error::posix("readlink", o.to_string(), libc::EINVAL));
             }
             st.read_meta(t, o)?;
@@ -1097,7 +1114,7 @@ impl Engine {
         self.run(tx, |st, t| {
             check_name(name)?;
             st.expect_dir(t, parent)?;
-            if st.node_kind(o)? == FileKind::Dir {
+            if st.kind_in(Some(t), o)? == FileKind::Dir {
                 return Err(Error::posix("link", format!("{o} is a directory"), libc::EPERM));
             }
             if reserved(parent, name) {
@@ -1147,6 +1164,7 @@ impl Engine {
 
     pub fn getxattr(&self, tx: Option<TxId>, o: ObjId, name: &OsStr) -> Result<Option<Vec<u8>>> {
         self.run(tx, |st, t| {
+            st.kind_in(Some(t), o)?;
             st.read_meta(t, o)?;
             for d in [&t.delta, &st.committed] {
                 if let Some(v) = d.objs.get(&o).and_then(|od| od.attr.xattrs.get(name)) {
@@ -1163,6 +1181,7 @@ impl Engine {
 
     pub fn listxattr(&self, tx: Option<TxId>, o: ObjId) -> Result<Vec<OsString>> {
         self.run(tx, |st, t| {
+            st.kind_in(Some(t), o)?;
             st.read_meta(t, o)?;
             let mut names: BTreeMap<OsString, bool> = BTreeMap::new();
             if !st.is_created(t, o) {
@@ -1199,6 +1218,10 @@ impl Engine {
         if value.is_some_and(|v| v.len() > 65536) {
             return Err(Error::posix("setxattr", format!("{name:?}"), libc::E2BIG));
         }
+        if name.as_bytes().starts_with(b"user.") && self.getattr(tx, o)?.kind == FileKind::Symlink {
+            // As Linux: user.* attributes only on files and directories.
+            return Err(Error::posix("setxattr", format!("{name:?} on a symlink"), libc::EPERM));
+        }
         let exists = self.getxattr(tx, o, name)?.is_some();
         if value.is_none() && !exists {
             return Err(Error::posix("removexattr", format!("{name:?}"), libc::ENODATA));
@@ -1210,7 +1233,11 @@ impl Engine {
             return Err(Error::posix("setxattr", format!("{name:?}"), libc::ENODATA));
         }
         self.run(tx, |st, t| {
-            st.node_kind(o)?;
+            let kind = st.kind_in(Some(t), o)?;
+            if kind == FileKind::Symlink && name.as_bytes().starts_with(b"user.") {
+                // As Linux: user.* attributes only on files and directories.
+                return Err(Error::posix("setxattr", format!("{name:?} on a symlink"), libc::EPERM));
+            }
             t.delta.obj(o).attr.xattrs.insert(name.to_owned(), value.map(|v| v.to_vec()));
             State::touch(t, o, false);
             Ok(())
@@ -1362,6 +1389,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
         st.discard_tx(&tx);
         return Err(Error::Conflict { tx: tx.id, what });
     }
+    drop_unreachable_new(st, &mut tx.delta);
     if tx.delta.is_empty() {
         st.discard_tx(&tx);
         return Ok((*sync.written.lock(), Vec::new()));
@@ -1434,6 +1462,27 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
     let pos = JPos { epoch, off: appended.end };
     *sync.written.lock() = pos;
     Ok((pos, changed))
+}
+
+/// Objects created and removed again inside one transaction, and not
+/// open, leave no trace: no journal bytes, no durable I/O (SPEC §5);
+/// changes to objects that are gone cannot be observed by anyone.
+fn drop_unreachable_new(st: &State, d: &mut Delta) {
+    let linked: std::collections::HashSet<ObjId> = d.dirs.values().flat_map(|e| e.values().flatten().copied()).collect();
+    let dead: Vec<ObjId> = d
+        .created
+        .keys()
+        .filter(|o| !linked.contains(o) && st.nodes.get(o).is_none_or(|n| n.open == 0))
+        .copied()
+        .collect();
+    for o in dead {
+        d.created.remove(&o);
+        d.objs.remove(&o);
+        d.dirs.remove(&o);
+        d.parents.remove(&o);
+    }
+    // Objects removed and checkpointed since the transaction touched them.
+    d.objs.retain(|o, _| st.nodes.get(o).is_some_and(|n| !n.gone));
 }
 
 fn placeholder_writer(st: &State) -> JournalWriter {

@@ -61,6 +61,10 @@ pub(crate) fn encode(st: &State, d: &Delta) -> Result<(Vec<u8>, Vec<(ObjId, u64,
     let mut objs: Vec<_> = d.objs.iter().collect();
     objs.sort_by_key(|(o, _)| **o);
     for (o, od) in objs {
+        if st.nodes.get(o).is_none_or(|n| n.gone) {
+            // Removed and checkpointed since: nothing can observe it.
+            continue;
+        }
         let a = &od.attr;
         let attr = RecAttr {
             mode: a.mode,
