@@ -231,7 +231,8 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         attrs: Vec::new(),
         dead: Vec::new(),
     };
-    let mut upd = NodeUpdates { moved: Vec::new(), gone: Vec::new(), new_inos: Vec::new(), changed_locs: HashSet::new() };
+    let mut upd =
+        NodeUpdates { moved: Vec::new(), gone: Vec::new(), new_inos: Vec::new(), changed_locs: HashSet::new() };
     for (o, loc) in &keep_at {
         upd.moved.push((*o, loc.clone()));
     }
@@ -276,7 +277,7 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             outs.push((depth, MoveOut::Unlink { from: bytes(&from) }));
         }
     }
-    outs.sort_by(|a, b| b.0.cmp(&a.0));
+    outs.sort_by_key(|o| std::cmp::Reverse(o.0));
     plan.out = outs.into_iter().map(|(_, m)| m).collect();
     // New objects that never got a name.
     let mut created: Vec<_> = d.created.iter().collect();

@@ -583,6 +583,7 @@ impl State {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn create(
         &mut self,
         tx: &mut Tx,
@@ -749,10 +750,8 @@ impl State {
                     return Err(Error::posix("rename", format!("{to:?} is not a directory"), libc::ENOTDIR))
                 }
                 (false, true) => return Err(Error::posix("rename", format!("{to:?} is a directory"), libc::EISDIR)),
-                (true, true) => {
-                    if !self.readdir(tx, d)?.is_empty() {
-                        return Err(Error::posix("rename", format!("{to:?}"), libc::ENOTEMPTY));
-                    }
+                (true, true) if !self.readdir(tx, d)?.is_empty() => {
+                    return Err(Error::posix("rename", format!("{to:?}"), libc::ENOTEMPTY));
                 }
                 _ => {}
             }
@@ -1468,7 +1467,8 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
 /// open, leave no trace: no journal bytes, no durable I/O (SPEC §5);
 /// changes to objects that are gone cannot be observed by anyone.
 fn drop_unreachable_new(st: &State, d: &mut Delta) {
-    let linked: std::collections::HashSet<ObjId> = d.dirs.values().flat_map(|e| e.values().flatten().copied()).collect();
+    let linked: std::collections::HashSet<ObjId> =
+        d.dirs.values().flat_map(|e| e.values().flatten().copied()).collect();
     let dead: Vec<ObjId> = d
         .created
         .keys()

@@ -33,5 +33,5 @@ mod versions;
 pub use engine::{Attr, DirEntry, Durability, Engine, Options, RenameFlags, SetAttr, Stats, META_DIR, NAME_MAX};
 pub use error::{Error, Result, ECONFLICT};
 pub use ids::{Epoch, Lsn, ObjId, Seq, TxId};
-pub use recovery::{check, CheckReport};
+pub use recovery::{check, CheckReport, JournalReport};
 pub use storage::{FileKind, Timestamp};

@@ -355,11 +355,22 @@ fn decode(
     Ok(d)
 }
 
+/// One journal file as `txfs check` found it.
+#[derive(Debug)]
+pub struct JournalReport {
+    pub path: std::path::PathBuf,
+    /// Whole, checksummed commit records.
+    pub records: usize,
+    /// Bytes up to the end of the last whole record.
+    pub valid_bytes: u64,
+    /// Where a torn tail would be cut, and why.
+    pub cut: Option<(u64, String)>,
+}
+
 /// What `txfs check` found.
 #[derive(Debug, Default)]
 pub struct CheckReport {
-    /// Journal files: path, whole records, valid bytes, torn tail cut (offset, why).
-    pub journals: Vec<(std::path::PathBuf, usize, u64, Option<(u64, String)>)>,
+    pub journals: Vec<JournalReport>,
     /// An interrupted checkpoint that the next mount or `recover` finishes.
     pub plan: Option<std::path::PathBuf>,
     /// Damage: each entry says what and where. Empty means healthy.
@@ -433,7 +444,12 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
                         }
                     }
                 }
-                rep.journals.push((jp, scan.records.len(), scan.valid_end, scan.cut));
+                rep.journals.push(JournalReport {
+                    path: jp,
+                    records: scan.records.len(),
+                    valid_bytes: scan.valid_end,
+                    cut: scan.cut,
+                });
             }
             Err(err) => rep.problems.push(err.to_string()),
         }

@@ -277,9 +277,9 @@ fn recover(backing: &Path) -> Result<(), String> {
 fn check(backing: &Path) -> Result<bool, String> {
     let fs = RealFs::open(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
     let rep = txfs_engine::check(&fs).map_err(|e| e.to_string())?;
-    for (path, records, bytes, cut) in &rep.journals {
-        println!("{}: {records} committed records, {bytes} bytes", path.display());
-        if let Some((at, why)) = cut {
+    for j in &rep.journals {
+        println!("{}: {} committed records, {} bytes", j.path.display(), j.records, j.valid_bytes);
+        if let Some((at, why)) = &j.cut {
             println!("  torn tail at offset {at} ({why}): recovery will cut it there");
         }
     }

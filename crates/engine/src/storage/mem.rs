@@ -391,7 +391,7 @@ impl MemTree {
 
     pub(crate) fn write(&mut self, ino: u64, off: u64, data: &[u8], now: Timestamp) -> io::Result<()> {
         self.data(ino)?;
-        if off.checked_add(data.len() as u64).map_or(true, |end| end > MAX_SIZE) {
+        if off.checked_add(data.len() as u64).is_none_or(|end| end > MAX_SIZE) {
             return Err(err(libc::EFBIG));
         }
         if !data.is_empty() {

@@ -88,6 +88,7 @@ pub struct Meta {
 }
 
 /// An open file used by the engine for its own bookkeeping (journal, spill).
+#[allow(clippy::len_without_is_empty)]
 pub trait StoredFile: Send + Sync {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<usize>;
     fn write_at(&self, off: u64, data: &[u8]) -> io::Result<()>;
