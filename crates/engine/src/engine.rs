@@ -442,7 +442,8 @@ impl State {
             None => Attr {
                 obj: o,
                 kind: node.kind,
-                size: 0,
+                // What a new directory reports on the backing file system.
+                size: if node.kind == FileKind::Dir { 4096 } else { 0 },
                 mode: 0,
                 nlink: 0,
                 uid: 0,
@@ -1020,12 +1021,25 @@ impl Engine {
 
     pub fn setattr(&self, tx: Option<TxId>, o: ObjId, set: &SetAttr) -> Result<Attr> {
         self.run(tx, |st, t| {
-            st.attr(t, o)?;
+            let cur = st.attr(t, o)?;
             if let Some(s) = set.size {
                 st.truncate(t, o, s)?;
             }
+            // Linux cannot chmod a symlink itself: the mode stays 0o777.
+            let mut mode = set.mode.map(|m| m & 0o7777).filter(|_| cur.kind != FileKind::Symlink);
+            if (set.uid.is_some() || set.gid.is_some()) && mode.is_none() && cur.kind == FileKind::File {
+                // As Linux (even for root): chown drops setuid, and setgid
+                // when group-execute is set.
+                let mut m = cur.mode & !libc::S_ISUID;
+                if cur.mode & libc::S_IXGRP != 0 {
+                    m &= !libc::S_ISGID;
+                }
+                if m != cur.mode {
+                    mode = Some(m);
+                }
+            }
             let a = &mut t.delta.obj(o).attr;
-            a.mode = set.mode.map(|m| m & 0o7777).or(a.mode);
+            a.mode = mode.or(a.mode);
             a.uid = set.uid.or(a.uid);
             a.gid = set.gid.or(a.gid);
             a.atime = set.atime.or(a.atime);
@@ -1396,9 +1410,13 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
     let changed: Vec<ObjId> = tx.delta.objs.iter().filter(|(_, od)| od.file.is_some()).map(|(o, _)| *o).collect();
     let seq = Seq(st.seq.0 + 1);
     // Sizes before this commit, for stamping truncated pages.
+    // Sizes before this commit: truncated pages are stamped up to the old
+    // size, and only a size that changes stamps the metadata (a write
+    // inside the file does not conflict with a transaction that looked the
+    // file up).
     let mut old_sizes = HashMap::new();
     for (o, od) in &tx.delta.objs {
-        if od.file.as_ref().is_some_and(|f| f.cut != NO_CUT) {
+        if od.file.is_some() {
             if let Ok(a) = st.attr_unrecorded(None, *o) {
                 old_sizes.insert(*o, a.size);
             }
@@ -1455,6 +1473,11 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
     }
     stamp(st, &tx.delta, seq, &old_sizes);
     st.committed.compose(&tx.delta);
+    for (o, old) in &old_sizes {
+        if st.attr_unrecorded(None, *o).map(|a| a.size).ok() != Some(*old) {
+            st.ver.metas.insert(*o, seq);
+        }
+    }
     st.seq = seq;
     st.discard_tx(&tx);
     st.stats.commits += 1;
@@ -1506,7 +1529,6 @@ fn stamp(st: &mut State, delta: &Delta, seq: Seq, old_sizes: &HashMap<ObjId, u64
                 let old = old_sizes.get(o).copied().unwrap_or(u64::MAX / 2);
                 r.stamp(f.cut / PAGE, old.max(f.cut).div_ceil(PAGE) + 1, seq);
             }
-            st.ver.metas.insert(*o, seq);
         }
         let a = &od.attr;
         if a.mode.is_some() || a.uid.is_some() || a.gid.is_some() || a.nlink != 0 || !a.xattrs.is_empty() {
