@@ -1,0 +1,199 @@
+//! Big transactions and full disks (SPEC §4): a transaction is bounded by
+//! disk, not RAM, and one that cannot be journaled fails whole.
+
+mod common;
+
+use common::{dump_engine, dump_storage, leftovers, Node};
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use txfs_engine::storage::{FileKind, MemFs, Meta, Storage, StoredFile, Timestamp};
+use txfs_engine::{Durability, Engine, ObjId, Options, META_DIR};
+
+/// A MemFs whose disk holds `limit` more written bytes, then says ENOSPC.
+struct SmallDisk {
+    inner: MemFs,
+    left: Arc<AtomicU64>,
+}
+
+fn take(left: &AtomicU64, n: usize) -> io::Result<()> {
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(n as u64))
+        .map(|_| ())
+        .map_err(|_| io::Error::from_raw_os_error(libc::ENOSPC))
+}
+
+struct SmallFile {
+    inner: Arc<dyn StoredFile>,
+    left: Arc<AtomicU64>,
+}
+
+impl StoredFile for SmallFile {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, data: &[u8]) -> io::Result<()> {
+        take(&self.left, data.len())?;
+        self.inner.write_at(off, data)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.inner.sync_data()
+    }
+}
+
+impl Storage for SmallDisk {
+    fn lstat(&self, p: &Path) -> io::Result<Meta> {
+        self.inner.lstat(p)
+    }
+    fn read_dir(&self, p: &Path) -> io::Result<Vec<(OsString, FileKind)>> {
+        self.inner.read_dir(p)
+    }
+    fn read_at(&self, p: &Path, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read_at(p, off, buf)
+    }
+    fn write_at(&self, p: &Path, off: u64, data: &[u8]) -> io::Result<()> {
+        take(&self.left, data.len())?;
+        self.inner.write_at(p, off, data)
+    }
+    fn set_len(&self, p: &Path, len: u64) -> io::Result<()> {
+        self.inner.set_len(p, len)
+    }
+    fn create_file(&self, p: &Path, mode: u32) -> io::Result<()> {
+        self.inner.create_file(p, mode)
+    }
+    fn mkdir(&self, p: &Path, mode: u32) -> io::Result<()> {
+        self.inner.mkdir(p, mode)
+    }
+    fn symlink(&self, t: &OsStr, p: &Path) -> io::Result<()> {
+        self.inner.symlink(t, p)
+    }
+    fn readlink(&self, p: &Path) -> io::Result<OsString> {
+        self.inner.readlink(p)
+    }
+    fn rename(&self, a: &Path, b: &Path) -> io::Result<()> {
+        self.inner.rename(a, b)
+    }
+    fn link(&self, a: &Path, b: &Path) -> io::Result<()> {
+        self.inner.link(a, b)
+    }
+    fn unlink(&self, p: &Path) -> io::Result<()> {
+        self.inner.unlink(p)
+    }
+    fn rmdir(&self, p: &Path) -> io::Result<()> {
+        self.inner.rmdir(p)
+    }
+    fn set_mode(&self, p: &Path, m: u32) -> io::Result<()> {
+        self.inner.set_mode(p, m)
+    }
+    fn set_owner(&self, p: &Path, u: u32, g: u32) -> io::Result<()> {
+        self.inner.set_owner(p, u, g)
+    }
+    fn set_times(&self, p: &Path, a: Timestamp, m: Timestamp) -> io::Result<()> {
+        self.inner.set_times(p, a, m)
+    }
+    fn get_xattr(&self, p: &Path, n: &OsStr) -> io::Result<Option<Vec<u8>>> {
+        self.inner.get_xattr(p, n)
+    }
+    fn list_xattrs(&self, p: &Path) -> io::Result<Vec<OsString>> {
+        self.inner.list_xattrs(p)
+    }
+    fn set_xattr(&self, p: &Path, n: &OsStr, v: &[u8]) -> io::Result<()> {
+        self.inner.set_xattr(p, n, v)
+    }
+    fn remove_xattr(&self, p: &Path, n: &OsStr) -> io::Result<()> {
+        self.inner.remove_xattr(p, n)
+    }
+    fn fsync(&self, p: &Path) -> io::Result<()> {
+        self.inner.fsync(p)
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        self.inner.sync_all()
+    }
+    fn open_file(&self, p: &Path, create: bool) -> io::Result<Arc<dyn StoredFile>> {
+        let inner = self.inner.open_file(p, create)?;
+        Ok(Arc::new(SmallFile { inner, left: self.left.clone() }))
+    }
+}
+
+fn opts(spill: u64) -> Options {
+    Options { spill_threshold: spill, flush_interval: None, ..Default::default() }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Story: a transaction writes 24 MiB with a 256 KiB memory budget. The data
+/// goes to a spill file under .txfs/spill while the transaction runs, the
+/// commit streams it into the journal, and nothing is left behind.
+#[test]
+fn a_big_transaction_spills_to_disk_and_commits() {
+    let fs = Arc::new(MemFs::new());
+    let e = Engine::open(fs.clone(), opts(256 << 10)).unwrap();
+    let tx = e.begin();
+    let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("big"), 0o644, 0, 0).unwrap().obj;
+    let chunk = pattern(1 << 20, 7);
+    for i in 0..24u64 {
+        e.write(Some(tx), f, i << 20, &chunk).unwrap();
+    }
+    let spill = Path::new(META_DIR).join("spill");
+    let spilled: u64 = fs.read_dir(&spill).unwrap().iter().map(|(n, _)| fs.lstat(&spill.join(n)).unwrap().size).sum();
+    assert!(spilled >= 23 << 20, "the data past the budget is on disk, not in memory: {spilled} bytes spilled");
+    assert_eq!(e.read(Some(tx), f, (23 << 20) + 5, 3).unwrap(), chunk[5..8].to_vec());
+    e.commit(tx, Durability::Durable).unwrap();
+    assert!(fs.read_dir(&spill).unwrap().is_empty(), "spill file removed after commit");
+    assert_eq!(e.getattr(None, f).unwrap().size, 24 << 20);
+    assert_eq!(e.read(None, f, (17 << 20) + 100, 50).unwrap(), chunk[100..150].to_vec());
+    e.close().unwrap();
+    let tree = dump_storage(&*fs);
+    let Node::File { data, .. } = &tree[Path::new("big")] else { panic!("big is not a file") };
+    assert_eq!(data.len(), 24 << 20);
+    assert!(data.chunks(1 << 20).all(|c| c == chunk.as_slice()));
+    assert!(leftovers(&*fs).is_empty());
+}
+
+/// Story: the disk fills up while a commit is journaled. The commit fails
+/// with ENOSPC and changes nothing; the engine keeps working, and once
+/// space is freed the same work commits. Reopening shows no trace of the
+/// failed attempt.
+#[test]
+fn a_commit_that_does_not_fit_fails_whole_with_enospc() {
+    let left = Arc::new(AtomicU64::new(u64::MAX));
+    let disk = Arc::new(SmallDisk { inner: MemFs::new(), left: left.clone() });
+    let e = Engine::open(disk.clone(), opts(64 << 20)).unwrap();
+    let keep = e.create(None, ObjId::ROOT, OsStr::new("keep"), 0o644, 0, 0).unwrap().obj;
+    e.write(None, keep, 0, b"committed before").unwrap();
+    e.sync().unwrap();
+    let before = dump_engine(&e, None);
+
+    left.store(1 << 20, Ordering::SeqCst); // 1 MiB of disk left
+    let tx = e.begin();
+    let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("huge"), 0o644, 0, 0).unwrap().obj;
+    e.write(Some(tx), f, 0, &pattern(4 << 20, 1)).unwrap();
+    e.write(Some(tx), keep, 0, b"overwritten").unwrap();
+    let err = e.commit(tx, Durability::Durable).unwrap_err();
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert!(err.to_string().contains("journal"), "the error says where: {err}");
+    assert_eq!(dump_engine(&e, None), before, "a failed commit changes nothing");
+
+    // Still working: small commits fit, and after freeing space the big one too.
+    e.write(None, keep, 0, b"COMMITTED").unwrap();
+    left.store(u64::MAX, Ordering::SeqCst);
+    let tx = e.begin();
+    let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("huge"), 0o644, 0, 0).unwrap().obj;
+    e.write(Some(tx), f, 0, &pattern(4 << 20, 1)).unwrap();
+    e.commit(tx, Durability::Durable).unwrap();
+    let after = dump_engine(&e, None);
+    drop(e); // a crash: recovery must replay exactly the successful commits
+    let e = Engine::open(disk.clone(), opts(64 << 20)).unwrap();
+    assert_eq!(dump_engine(&e, None), after);
+    assert_eq!(e.read(None, e.resolve(None, Path::new("keep")).unwrap(), 0, 9).unwrap(), b"COMMITTED");
+    e.close().unwrap();
+}
