@@ -993,10 +993,19 @@ impl Engine {
         Ok(())
     }
 
-    /// True if `tx` has changed the content of `o` (its reads of `o` are
-    /// private data).
-    pub fn changes_content(&self, tx: TxId, o: ObjId) -> bool {
-        self.lock().txs.get(&tx).is_some_and(|t| t.delta.objs.get(&o).is_some_and(|od| od.file.is_some()))
+    /// Files whose content `tx` changed: pages of them that a mapping made
+    /// inside `tx` may hold are private data.
+    pub fn changed_files(&self, tx: TxId) -> Vec<ObjId> {
+        let st = self.lock();
+        st.txs
+            .get(&tx)
+            .map(|t| t.delta.objs.iter().filter(|(_, d)| d.file.is_some()).map(|(o, _)| *o).collect())
+            .unwrap_or_default()
+    }
+
+    /// True if `tx` lost a conflict: it can only abort.
+    pub fn is_doomed(&self, tx: TxId) -> bool {
+        self.lock().txs.get(&tx).is_some_and(|t| t.doomed.is_some())
     }
 
     /// True if `tx` is live.
@@ -1531,7 +1540,11 @@ fn stamp(st: &mut State, delta: &Delta, seq: Seq, old_sizes: &HashMap<ObjId, u64
             }
         }
         let a = &od.attr;
-        if a.mode.is_some() || a.uid.is_some() || a.gid.is_some() || a.nlink != 0 || !a.xattrs.is_empty() {
+        // A directory's link count changes with every mkdir/rmdir in it; it
+        // is not validated, or creating different names in one directory
+        // would conflict (SPEC §3). A file's link count is.
+        let links = a.nlink != 0 && st.nodes.get(o).is_some_and(|n| n.kind != FileKind::Dir);
+        if a.mode.is_some() || a.uid.is_some() || a.gid.is_some() || links || !a.xattrs.is_empty() {
             st.ver.metas.insert(*o, seq);
         }
     }

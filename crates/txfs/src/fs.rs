@@ -3,30 +3,32 @@
 //! ## Kernel caches (SPEC §6): the policy of this version
 //! Correctness first. Every entry and attribute is returned with a zero
 //! TTL, so every stat and path walk reaches the daemon and gets the view of
-//! the caller's transaction. File data:
+//! the caller's transaction. Every handle is `FOPEN_DIRECT_IO`: `read` and
+//! `write` always reach the daemon, which answers with the caller's view,
+//! so a transaction reads its own writes through any descriptor, even one
+//! opened before it began.
 //!
-//! * Handles opened for writing, or by a thread in a transaction, are
-//!   `FOPEN_DIRECT_IO`: no page of theirs enters the shared page cache, so
-//!   no uncommitted byte can reach another process, and a transaction always
-//!   reads its own writes from the daemon.
-//! * Handles opened read-only outside any transaction use the page cache
-//!   (so `MAP_SHARED` read-only mappings work, SPEC §3) and are always
-//!   served the *committed* state, whoever reads through them: pages that
-//!   enter the shared cache are committed pages. Every commit invalidates
-//!   the cached pages of the files it changed before it returns
-//!   ([`TxFs::invalidate`]), so a reader never sees a stale page after the
-//!   commit is visible.
+//! The page cache is used only by `mmap` (`FUSE_DIRECT_IO_ALLOW_MMAP`).
+//! Page faults are answered with the faulting thread's view, so a
+//! transaction maps its own writes (git maps files it has just written).
+//! Every change that commits — a transaction, or a plain write or
+//! truncate — drops the changed files' cached pages before its caller is
+//! answered, and so does the end of a transaction for the files it changed,
+//! so no mapping sees a stale page after a commit is visible, nor an
+//! aborted transaction's data after the abort.
 //!
-//! Consequences: shared `mmap` of a handle opened inside a transaction or
-//! for writing fails with `ENODEV` — never silently half-transactional.
-//! `MAP_PRIVATE` works everywhere; but a private mapping's page faults fill
-//! the shared page cache, so after every read that returned a
-//! transaction's private data the daemon drops that file's cached pages
-//! again. NB: between that reply and the invalidation (microseconds) a
-//! page-cache reader of the same file could see the page; the fix is
-//! transaction-private node ids (DESIGN §9). A read-only descriptor opened
-//! *before* a transaction began keeps showing the committed state inside it
-//! (open the file again inside the transaction to read your own writes).
+//! Known holes (README "Known limits"; transaction-private node ids,
+//! DESIGN §9, close both):
+//! * while a transaction maps a file it changed, the faulted pages sit in
+//!   the page cache that other processes' mappings of that file share:
+//!   they can see them until the transaction ends;
+//! * writes through a shared writable mapping are not transactional: the
+//!   kernel writes them back later (`FUSE_WRITE_CACHE`), and they are
+//!   applied then as plain writes — never into a transaction.
+//!
+//! Invalidation never runs on a request thread: `inval_inode` locks the
+//! file's folios, and a page fault holds one while its READ waits for a
+//! free worker. A dedicated thread invalidates, then sends the reply.
 //!
 //! POSIX byte-range locks and flock are left to the kernel (no lock
 //! handlers), which implements them locally as on any file system.
@@ -52,8 +54,6 @@ const TTL: Duration = Duration::ZERO;
 
 struct Handle {
     obj: ObjId,
-    /// A page-cache handle: always served the committed state.
-    cached: bool,
     /// The transaction the opener was in: used when a request carries no
     /// caller (pid 0).
     tx: Option<TxId>,
@@ -69,6 +69,22 @@ pub struct TxFs {
     next_fh: AtomicU64,
     /// Set once the session exists; used to drop stale kernel pages.
     pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    invalidator: Mutex<std::sync::mpsc::Sender<Deferred>>,
+}
+
+/// Files whose cached pages must go, and the reply to send after.
+type Deferred = (Vec<ObjId>, Box<dyn FnOnce() + Send>);
+
+fn invalidator(notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, jobs: std::sync::mpsc::Receiver<Deferred>) {
+    for (objs, reply) in jobs {
+        if let Some(n) = notifier.get() {
+            for o in objs {
+                // ENOENT: the kernel has no inode for it, nothing to drop.
+                let _ = n.inval_inode(INodeNo(o.0), 0, 0);
+            }
+        }
+        reply();
+    }
 }
 
 fn errno(e: &Error) -> Errno {
@@ -132,6 +148,13 @@ fn obj(ino: INodeNo) -> ObjId {
 
 impl TxFs {
     pub fn new(engine: Arc<Engine>, backing: PathBuf) -> TxFs {
+        let notifier = Arc::new(std::sync::OnceLock::new());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n = notifier.clone();
+        std::thread::Builder::new()
+            .name("txfs-inval".into())
+            .spawn(move || invalidator(n, rx))
+            .expect("spawning the invalidation thread");
         TxFs {
             engine,
             txs: Arc::new(TxMap::default()),
@@ -139,29 +162,30 @@ impl TxFs {
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            notifier: Arc::new(std::sync::OnceLock::new()),
+            notifier,
+            invalidator: Mutex::new(tx),
         }
     }
 
-    /// Drops the kernel's cached pages of files a commit changed. Runs
-    /// before the committer is answered, so nobody reads a stale page after
-    /// the commit is visible to them.
-    fn invalidate(&self, objs: &[ObjId]) {
-        if let Some(n) = self.notifier.get() {
-            for o in objs {
-                // ENOENT: the kernel has no inode for it, nothing to drop.
-                let _ = n.inval_inode(INodeNo(o.0), 0, 0);
-            }
+    /// Sends `reply` once the cached pages of `objs` are gone (on the
+    /// invalidation thread; see the module docs).
+    fn after(&self, objs: Vec<ObjId>, reply: impl FnOnce() + Send + 'static) {
+        if objs.is_empty() || self.notifier.get().is_none() {
+            return reply();
+        }
+        if let Err(std::sync::mpsc::SendError((_, reply))) = self.invalidator.lock().send((objs, Box::new(reply))) {
+            reply();
         }
     }
 
-    /// Result of a non-transactional change to `o`'s content: committed
-    /// at once, so cached pages must go.
-    fn after_write<T>(&self, tx: Option<TxId>, o: ObjId, r: Result<T, Error>) -> Result<T, Error> {
-        if tx.is_none() && r.is_ok() {
-            self.invalidate(&[o]);
+    /// What a content change must invalidate before it is answered: plain
+    /// changes commit at once; a transaction's stay private until commit.
+    fn committed_now(tx: Option<TxId>, o: ObjId) -> Vec<ObjId> {
+        if tx.is_none() {
+            vec![o]
+        } else {
+            Vec::new()
         }
-        r
     }
 
     fn tx(&self, req: &Request) -> Option<TxId> {
@@ -180,16 +204,17 @@ impl TxFs {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Opens a handle; returns it and the FOPEN flags (see the module docs).
+    /// Opens a handle (always direct I/O: see the module docs).
     fn open_handle(&self, o: ObjId, tx: Option<TxId>, flags: i32) -> Result<(u64, FopenFlags), Error> {
         self.engine.open_obj(o)?;
         let fh = self.new_fh();
-        let cached = tx.is_none() && flags & libc::O_ACCMODE == libc::O_RDONLY;
-        self.handles.lock().insert(fh, Handle { obj: o, cached, tx, append: flags & libc::O_APPEND != 0 });
-        Ok((fh, if cached { FopenFlags::empty() } else { FopenFlags::FOPEN_DIRECT_IO }))
+        self.handles.lock().insert(fh, Handle { obj: o, tx, append: flags & libc::O_APPEND != 0 });
+        Ok((fh, FopenFlags::FOPEN_DIRECT_IO))
     }
 
-    fn ioctl_cmd(&self, req: &Request, cmd: u32, data: &[u8]) -> Result<Vec<u8>, Errno> {
+    /// Runs one ioctl; returns the reply data and the files whose cached
+    /// pages must go before the reply.
+    fn ioctl_cmd(&self, req: &Request, cmd: u32, data: &[u8]) -> Result<(Vec<u8>, Vec<ObjId>), Errno> {
         let tid = req.pid();
         let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
         match cmd {
@@ -197,7 +222,7 @@ impl TxFs {
                 let engine = &self.engine;
                 let tx = self.txs.begin(tid, || engine.begin());
                 tracing::debug!(tid, %tx, "begin");
-                Ok(Vec::new())
+                Ok((Vec::new(), Vec::new()))
             }
             ioctl::COMMIT => {
                 let flags = ioctl::u32_at(data, 0);
@@ -208,27 +233,25 @@ impl TxFs {
                 }
                 match self.txs.end(tid) {
                     Some((tx, true)) => match self.engine.commit_changes(tx, durability) {
-                        Ok(changed) => {
-                            self.invalidate(&changed);
-                            Ok(Vec::new())
-                        }
+                        Ok(changed) => Ok((Vec::new(), changed)),
                         Err(err) => {
                             tracing::info!(tid, %tx, "commit failed: {err}");
                             Err(errno(&err))
                         }
                     },
-                    _ => Ok(Vec::new()),
+                    _ => Ok((Vec::new(), Vec::new())),
                 }
             }
             ioctl::ABORT => match self.txs.drop_thread(tid) {
                 Some((tx, _owned)) => {
                     // Inside a tree transaction an abort dooms the whole tree.
+                    let private = self.engine.changed_files(tx);
                     let _ = self.engine.abort(tx);
-                    Ok(Vec::new())
+                    Ok((Vec::new(), private))
                 }
                 None => Err(Errno::from_i32(libc::EINVAL)),
             },
-            ioctl::SYNC => e(self.engine.sync()).map(|_| Vec::new()),
+            ioctl::SYNC => e(self.engine.sync()).map(|_| (Vec::new(), Vec::new())),
             ioctl::RUN => {
                 let pid = ioctl::u32_at(data, 0);
                 let op = ioctl::u32_at(data, 4);
@@ -246,7 +269,7 @@ impl TxFs {
                         let tx = self.engine.begin();
                         self.txs.add_tree(pid, caller, tx);
                         tracing::info!(pid, %tx, "process tree transaction begins");
-                        Ok(Vec::new())
+                        Ok((Vec::new(), Vec::new()))
                     }
                     ioctl::RUN_COMMIT | ioctl::RUN_ABORT => {
                         let (tx, owner) = self.txs.tree(pid).ok_or(Errno::from_i32(libc::ENOENT))?;
@@ -255,17 +278,26 @@ impl TxFs {
                         }
                         self.txs.remove_tree(pid);
                         if op == ioctl::RUN_ABORT {
+                            // EDEADLK tells `txfs run` that the command failed
+                            // because it lost a conflict: worth a rerun.
+                            let doomed = self.engine.is_doomed(tx);
+                            let private = self.engine.changed_files(tx);
                             let _ = self.engine.abort(tx);
-                            tracing::info!(pid, %tx, "process tree transaction aborted");
-                            return Ok(Vec::new());
+                            tracing::info!(pid, %tx, doomed, "process tree transaction aborted");
+                            // NB: the pages are dropped before the reply only on success.
+                            self.after(private, || {});
+                            return if doomed {
+                                Err(Errno::from_i32(libc::EDEADLK))
+                            } else {
+                                Ok((Vec::new(), Vec::new()))
+                            };
                         }
                         let d =
                             if flags & ioctl::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
                         match self.engine.commit_changes(tx, d) {
                             Ok(changed) => {
-                                self.invalidate(&changed);
                                 tracing::info!(pid, %tx, "process tree transaction committed");
-                                Ok(Vec::new())
+                                Ok((Vec::new(), changed))
                             }
                             Err(err) => {
                                 tracing::info!(pid, %tx, "process tree commit failed: {err}");
@@ -291,7 +323,7 @@ impl TxFs {
                 ] {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
-                Ok(out)
+                Ok((out, Vec::new()))
             }
             ioctl::STATE => {
                 let mut out = vec![0u8; 16];
@@ -301,7 +333,7 @@ impl TxFs {
                 } else if let Some(tx) = self.txs.of(tid) {
                     out[0..8].copy_from_slice(&tx.0.to_le_bytes());
                 }
-                Ok(out)
+                Ok((out, Vec::new()))
             }
             _ => Err(Errno::from_i32(libc::ENOTTY)),
         }
@@ -311,6 +343,11 @@ impl TxFs {
 impl Filesystem for TxFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1 << 20);
+        // mmap of direct-I/O files (module docs); kernels before 6.6 refuse
+        // shared mappings instead.
+        if config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err() {
+            tracing::warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: shared mappings will fail with ENODEV");
+        }
         tracing::info!(backing = %self.backing.display(), "mounted");
         Ok(())
     }
@@ -363,9 +400,11 @@ impl Filesystem for TxFs {
             None => self.tx(req),
         };
         let set = SetAttr { mode, uid, gid, size, atime: atime.map(stamp), mtime: mtime.map(stamp) };
-        let r = self.engine.setattr(tx, obj(ino), &set);
-        match if size.is_some() { self.after_write(tx, obj(ino), r) } else { r } {
-            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+        match self.engine.setattr(tx, obj(ino), &set) {
+            Ok(a) => {
+                let inval = if size.is_some() { Self::committed_now(tx, obj(ino)) } else { Vec::new() };
+                self.after(inval, move || reply.attr(&TTL, &fattr(&a)))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -458,13 +497,13 @@ impl Filesystem for TxFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let tx = self.tx(req);
         if flags.0 & libc::O_TRUNC != 0 {
-            let r = self.engine.truncate(tx, obj(ino), 0);
-            if let Err(e) = self.after_write(tx, obj(ino), r) {
+            if let Err(e) = self.engine.truncate(tx, obj(ino), 0) {
                 return reply.error(errno(&e));
             }
         }
+        let inval = if flags.0 & libc::O_TRUNC != 0 { Self::committed_now(tx, obj(ino)) } else { Vec::new() };
         match self.open_handle(obj(ino), tx, flags.0) {
-            Ok((fh, fopen)) => reply.opened(FileHandle(fh), fopen),
+            Ok((fh, fopen)) => self.after(inval, move || reply.opened(FileHandle(fh), fopen)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -477,23 +516,19 @@ impl Filesystem for TxFs {
         offset: u64,
         size: u32,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some((o, cached)) = self.handles.lock().get(&fh.0).map(|h| (h.obj, h.cached)) else {
+        let Some(o) = self.handles.lock().get(&fh.0).map(|h| h.obj) else {
             return reply.error(Errno::EBADF);
         };
-        // Pages read through a cached handle are shared: committed state only.
-        let tx = if cached { None } else { self.tx_fh(req, fh) };
+        // The kernel names a lock owner on direct reads only; a read without
+        // one fills the page cache for a mapping. Either way the caller's
+        // view: a transaction maps its own writes (module docs: the hole).
+        let _direct = lock_owner.is_some();
+        let tx = self.tx_fh(req, fh);
         match self.engine.read(tx, o, offset, size as usize) {
-            Ok(d) => {
-                reply.data(&d);
-                // A page fault of a private mapping made inside a transaction
-                // fills the shared page cache with this reply: drop it again.
-                if tx.is_some_and(|t| self.engine.changes_content(t, o)) {
-                    self.invalidate(&[o]);
-                }
-            }
+            Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -505,12 +540,14 @@ impl Filesystem for TxFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let tx = self.tx_fh(req, fh);
+        // Write-back of a shared writable mapping: applied as a plain write
+        // (module docs), never into whichever transaction happens to be near.
+        let tx = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) { None } else { self.tx_fh(req, fh) };
         let Some((o, append)) = self.handles.lock().get(&fh.0).map(|h| (h.obj, h.append)) else {
             return reply.error(Errno::EBADF);
         };
@@ -520,8 +557,12 @@ impl Filesystem for TxFs {
         } else {
             self.engine.write(tx, o, offset, data)
         };
-        match self.after_write(tx, o, r) {
-            Ok(n) => reply.written(n as u32),
+        // A write-back's data comes from the page cache: nothing to drop (and
+        // dropping would wait for this very write-back).
+        let inval =
+            if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) { Vec::new() } else { Self::committed_now(tx, o) };
+        match r {
+            Ok(n) => self.after(inval, move || reply.written(n as u32)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -713,7 +754,7 @@ impl Filesystem for TxFs {
         reply: ReplyIoctl,
     ) {
         match self.ioctl_cmd(req, cmd, in_data) {
-            Ok(out) => reply.ioctl(0, &out),
+            Ok((out, inval)) => self.after(inval, move || reply.ioctl(0, &out)),
             Err(e) => reply.error(e),
         }
     }

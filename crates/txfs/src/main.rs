@@ -146,13 +146,20 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     config.n_threads = Some(4);
     // Abort transactions whose thread or `txfs run` owner has died.
     let reaper_engine = engine.clone();
+    let reaper_notifier = notifier_slot.clone();
     std::thread::Builder::new()
         .name("txfs-reaper".into())
         .spawn(move || loop {
             std::thread::sleep(Duration::from_millis(250));
             for tx in txs.reap() {
                 tracing::info!(%tx, "owner exited with the transaction open: aborting it");
+                let private = reaper_engine.changed_files(tx);
                 let _ = reaper_engine.abort(tx);
+                if let Some(n) = reaper_notifier.get() {
+                    for o in private {
+                        let _ = n.inval_inode(fuser::INodeNo(o.0), 0, 0);
+                    }
+                }
             }
         })
         .map_err(|e| format!("reaper thread: {e}"))?;
@@ -233,8 +240,14 @@ fn umount(point: &Path) -> Result<(), String> {
     // The daemon checkpoints when the kernel ends the session: wait for it.
     if let Some(pid) = pid {
         let deadline = Instant::now() + Duration::from_secs(600);
-        // SAFETY: signal 0 only probes.
-        while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
+        // A zombie (exited, not yet reaped by its parent) is done too.
+        let running = |pid: i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+                .unwrap_or(false)
+        };
+        while running(pid) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
     }

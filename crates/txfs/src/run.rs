@@ -105,7 +105,17 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
             EX_SOFTWARE as i32
         };
         if code != 0 {
-            let _ = run_ioctl(&dir, pid as u32, ioctl::RUN_ABORT, 0);
+            let lost = run_ioctl(&dir, pid as u32, ioctl::RUN_ABORT, 0)
+                .is_err_and(|e| e.raw_os_error() == Some(libc::EDEADLK));
+            if lost {
+                // It failed because an operation lost a conflict: rerun it.
+                if attempt < retries {
+                    eprintln!("txfs run: conflict during the command; retrying ({}/{retries})", attempt + 1);
+                    continue;
+                }
+                eprintln!("txfs run: conflict after {retries} retries: nothing of the command survived");
+                return ExitCode::from(EX_TEMPFAIL);
+            }
             eprintln!("txfs run: command exited with status {code}: transaction aborted");
             return ExitCode::from(code as u8);
         }

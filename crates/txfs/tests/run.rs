@@ -1,0 +1,196 @@
+//! `txfs run -- CMD` (SPEC §1, §2): CMD and all its descendants are one
+//! transaction, committed if it exits 0 and aborted otherwise; its exit
+//! status is passed through; conflicts are retried.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+use std::time::Duration;
+
+const TREE: &str = "mkdir -p a/b/c && echo one > a/b/c/f1 && echo two > a/f2 && printf 'x%.0s' $(seq 1 5000) > big \
+                    && ln -s a/f2 sl && mv a/f2 a/f2moved";
+
+#[test]
+fn run_commits_on_success_and_aborts_on_failure() {
+    let m = Mount::with_backing(|b| std::fs::write(b.join("keep"), "k").unwrap());
+    let before = snapshot(m.mnt());
+
+    let out = m.run_cmd(&[], &["sh", "-c", &format!("{TREE} && exit 1")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "exit status 1 passed through: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(snapshot(m.mnt()), before, "a failed command left something behind");
+    assert_eq!(names(m.mnt()), ["keep"]);
+
+    let out = m.run_cmd(&[], &["sh", "-c", &format!("{TREE}; exit 42")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(42));
+    assert_eq!(snapshot(m.mnt()), before);
+
+    // Killed by a signal: aborted, and 128+signal.
+    let out = m.run_cmd(&[], &["sh", "-c", &format!("{TREE} && kill -9 $$")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + 9));
+    assert_eq!(snapshot(m.mnt()), before);
+
+    let out = m.run_cmd(&[], &["sh", "-c", TREE]).output().unwrap();
+    check_ok(&out, "txfs run (exit 0)");
+    assert_eq!(names(m.mnt()), ["a", "big", "keep", "sl"]);
+    assert_eq!(std::fs::read_to_string(m.path("a/b/c/f1")).unwrap(), "one\n");
+    assert_eq!(std::fs::read_to_string(m.path("a/f2moved")).unwrap(), "two\n");
+    assert_eq!(std::fs::read(m.path("big")).unwrap(), vec![b'x'; 5000]);
+    assert_eq!(std::fs::read_link(m.path("sl")).unwrap().to_str(), Some("a/f2"));
+    assert_errno(std::fs::metadata(m.path("a/f2")), libc::ENOENT, "moved away");
+    assert_eq!(m.live_txs(), 0);
+
+    // A command that does not exist: 127, nothing changes.
+    let out = m.run_cmd(&[], &["/nonexistent/cmd"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(127));
+}
+
+#[test]
+fn run_includes_grandchildren_and_hides_them_until_exit() {
+    let m = Mount::new();
+    let flag = m.scratch().join("ready");
+    let go = m.scratch().join("go");
+    // The grandchild writes; the tree waits (outside the mount) until the
+    // test has looked.
+    let script = format!(
+        "sh -c 'sh -c \"echo deep > f\" && mkdir d && echo e > d/e' && touch {} && \
+         while [ ! -e {} ]; do sleep 0.02; done",
+        flag.display(),
+        go.display()
+    );
+    let mut child = m.run_cmd(&[], &["sh", "-c", &script]).spawn().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || flag.exists()), "the tree did not get going");
+    assert_errno(std::fs::metadata(m.path("f")), libc::ENOENT, "a grandchild's file, before the tree exits");
+    assert_errno(std::fs::metadata(m.path("d")), libc::ENOENT, "a grandchild's dir, before the tree exits");
+    assert!(names(m.mnt()).is_empty());
+    let out = Command::new("cat").arg("f").current_dir(m.mnt()).output().unwrap();
+    assert!(!out.status.success());
+    std::fs::write(&go, "").unwrap();
+    let st = wait_timeout(&mut child, Duration::from_secs(10)).expect("txfs run hung");
+    assert!(st.success(), "txfs run: {st}");
+    assert_eq!(std::fs::read_to_string(m.path("f")).unwrap(), "deep\n");
+    assert_eq!(std::fs::read_to_string(m.path("d/e")).unwrap(), "e\n");
+
+    // The same shape failing at the top: the grandchildren's work is undone.
+    let out = m.run_cmd(&[], &["sh", "-c", "sh -c 'sh -c \"echo again > g; rm f\"'; exit 3"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert_errno(std::fs::metadata(m.path("g")), libc::ENOENT, "aborted grandchild");
+    assert_eq!(std::fs::read_to_string(m.path("f")).unwrap(), "deep\n");
+}
+
+#[test]
+fn run_works_with_a_static_binary() {
+    let m = Mount::new();
+    let dir = m.scratch();
+    let src = dir.join("st.c");
+    std::fs::write(
+        &src,
+        r#"#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+int main(int argc, char **argv) {
+    if (mkdir("sdir", 0755) != 0) return 10;
+    int fd = open("sdir/sfile", O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (fd < 0) return 11;
+    if (write(fd, "static\n", 7) != 7) return 12;
+    if (fsync(fd) != 0) return 13;
+    if (close(fd) != 0) return 14;
+    return argc > 1 ? 5 : 0;
+}
+"#,
+    )
+    .unwrap();
+    let bin = dir.join("st");
+    let cc = Command::new("cc").arg("-static").arg("-O1").arg("-o").arg(&bin).arg(&src).output();
+    match cc {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            eprintln!(
+                "NOTE: skipping the static-binary case: cc -static failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("NOTE: skipping the static-binary case: no cc ({e})");
+            return;
+        }
+    }
+    let bin = bin.to_str().unwrap();
+    let out = m.run_cmd(&[], &[bin, "fail"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(names(m.mnt()).is_empty(), "a failed static binary left {:?}", names(m.mnt()));
+    let out = m.run_cmd(&[], &[bin]).output().unwrap();
+    check_ok(&out, "static binary under txfs run");
+    assert_eq!(std::fs::read_to_string(m.path("sdir/sfile")).unwrap(), "static\n");
+}
+
+#[test]
+fn concurrent_runs_of_one_counter_lose_no_update() {
+    let m = Mount::with_backing(|b| std::fs::write(b.join("c"), "0\n").unwrap());
+    let script = "v=$(cat c); sleep 0.2; echo $((v+1)) > c";
+    let mut total_ok = 0u64;
+    for round in 0..2 {
+        let children: Vec<_> =
+            (0..2).map(|_| m.run_cmd(&["--retries", "10"], &["sh", "-c", script]).spawn().unwrap()).collect();
+        for mut c in children {
+            let st = wait_timeout(&mut c, Duration::from_secs(30)).expect("txfs run hung");
+            match st.code() {
+                Some(0) => total_ok += 1,
+                Some(75) => eprintln!("round {round}: one run ran out of retries (exit 75)"),
+                other => panic!(
+                    "round {round}: txfs run exited {other:?}: a conflict must make txfs run retry \
+                     (or exit 75), even when it surfaced at an operation and made CMD fail"
+                ),
+            }
+        }
+        let v: u64 = std::fs::read_to_string(m.path("c")).unwrap().trim().parse().unwrap();
+        assert_eq!(v, total_ok, "round {round}: counter {v} after {total_ok} successful increments: a lost update");
+    }
+    assert!(total_ok >= 3, "with 10 retries nearly all runs should commit ({total_ok} of 4)");
+    assert!(m.status()["conflicts"].as_u64().unwrap() >= 1, "no conflict was ever seen: {}", m.status());
+    assert_eq!(m.live_txs(), 0);
+}
+
+#[test]
+fn run_includes_every_thread_of_a_process() {
+    let m = Mount::new();
+    let py = "import threading, sys\n\
+              def w(i):\n    open('t%d' % i, 'w').write('thread %d' % i)\n\
+              ts = [threading.Thread(target=w, args=(i,)) for i in range(8)]\n\
+              [t.start() for t in ts]; [t.join() for t in ts]\n\
+              sys.exit(int(sys.argv[1]))";
+    let out = m.run_cmd(&[], &[python(), "-c", py, "4"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(names(m.mnt()).is_empty(), "threads' files survived an abort: {:?}", names(m.mnt()));
+    let out = m.run_cmd(&[], &[python(), "-c", py, "0"]).output().unwrap();
+    check_ok(&out, "threads under txfs run");
+    assert_eq!(names(m.mnt()).len(), 8);
+    assert_eq!(std::fs::read_to_string(m.path("t5")).unwrap(), "thread 5");
+}
+
+/// Deterministic form of the conflict above: CMD reads the counter, another
+/// writer commits a new value, then CMD writes. The conflict surfaces at the
+/// write (EDEADLK, so `sh` fails); `txfs run` must see that its transaction
+/// was doomed and rerun CMD, not pass the shell's failure through.
+#[test]
+fn run_retries_when_the_conflict_hits_an_operation() {
+    let m = Mount::with_backing(|b| std::fs::write(b.join("c"), "0\n").unwrap());
+    let ready = m.scratch().join("ready");
+    let go = m.scratch().join("go");
+    let script = format!(
+        "v=$(cat c); touch {r}; while [ ! -e {g} ]; do sleep 0.01; done; echo $((v+1)) > c",
+        r = ready.display(),
+        g = go.display()
+    );
+    let mut child =
+        m.run_cmd(&["--retries", "3"], &["sh", "-c", &script]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || ready.exists()), "CMD did not start");
+    std::fs::write(m.path("c"), "10\n").unwrap(); // another writer commits
+    std::fs::write(&go, "").unwrap();
+    let st = wait_timeout(&mut child, Duration::from_secs(30)).expect("txfs run hung");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(st.code(), Some(0), "txfs run did not retry after a conflict at an operation; stderr:\n{err}");
+    assert_eq!(std::fs::read_to_string(m.path("c")).unwrap(), "11\n");
+}
