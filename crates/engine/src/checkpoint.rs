@@ -616,6 +616,8 @@ pub(crate) fn run(st: &mut State, sync: &SyncState) -> Result<()> {
         return Err(Error::Poisoned(p.clone()));
     }
     if st.committed.is_empty() {
+        // No record in the current journal: nothing can name an orphan.
+        remove_released_orphans(st);
         return Ok(());
     }
     let res = run_inner(st, sync);
@@ -630,6 +632,10 @@ pub(crate) fn run(st: &mut State, sync: &SyncState) -> Result<()> {
 fn run_inner(st: &mut State, sync: &SyncState) -> Result<()> {
     let (plan, upd) = build(st)?;
     let storage = st.storage.clone();
+    // The plan reads extents from the journal: every record it covers must
+    // be durable before the plan is (an ordered commit may have slipped in
+    // since the caller's sync).
+    st.journal.file.sync_data().ctx("journal sync", || st.journal.path.display().to_string())?;
     persist(&*storage, &plan)?;
     let jf = st.journal.file.clone();
     execute(&*storage, &plan, &*jf)?;
@@ -675,6 +681,21 @@ fn run_inner(st: &mut State, sync: &SyncState) -> Result<()> {
         JournalWriter { epoch: next, path: journal_path(next), file: file.clone(), end: journal::FILE_HEADER_LEN };
     sync.rotate(next, file, journal::FILE_HEADER_LEN);
     st.stats.checkpoints += 1;
+    // Released orphans: the retired journal was the last thing naming them.
+    remove_released_orphans(st);
     tracing::debug!(epoch = next.0, "checkpoint done");
     Ok(())
+}
+
+/// Unlinks orphans whose last handle closed. Only when no journal record
+/// can name them any more (J1); a crash first leaves them to recovery.
+fn remove_released_orphans(st: &mut State) {
+    for o in std::mem::take(&mut st.released_orphans) {
+        if let Some(pth) = st.base_path(o) {
+            let _ = st.storage.unlink(&pth);
+        }
+        if let Some(n) = st.nodes.get_mut(&o) {
+            n.base = None;
+        }
+    }
 }

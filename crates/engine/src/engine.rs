@@ -190,6 +190,9 @@ pub(crate) struct State {
     pub journal_files: HashMap<Epoch, Arc<dyn StoredFile>>,
     pub spills: HashMap<TxId, Arc<dyn StoredFile>>,
     pub poisoned: Option<String>,
+    /// Orphans whose last handle closed: removed once a checkpoint has
+    /// retired the journal that may name them.
+    pub released_orphans: Vec<ObjId>,
     pub stats: Stats,
     pub spill_threshold: u64,
 }
@@ -603,8 +606,9 @@ impl State {
         if self.lookup(tx, parent, name)?.is_some() {
             return Err(Error::posix("create", format!("{name:?} exists"), libc::EEXIST));
         }
-        // The parent's setgid bit; not a recorded read: creating names in a
-        // directory must not conflict with other changes to it (I3).
+        // The parent must still exist at commit: its metadata is stamped when
+        // it is removed or moved, never by other names created in it (I3).
+        self.read_meta(tx, parent)?;
         let pattr = self.attr_unrecorded(Some(tx), parent)?;
         let o = self.new_obj(kind);
         let (uid, mut gid) = owner;
@@ -690,6 +694,8 @@ impl State {
         if reserved(to_dir, to) || reserved(from_dir, from) {
             return Err(Error::posix("rename", format!("{META_DIR} is reserved for txfs"), libc::EPERM));
         }
+        self.read_meta(tx, from_dir)?;
+        self.read_meta(tx, to_dir)?;
         let src = self
             .lookup(tx, from_dir, from)?
             .ok_or_else(|| Error::posix("rename", format!("{from:?}"), libc::ENOENT))?;
@@ -1146,6 +1152,7 @@ impl Engine {
             if a.nlink == 0 {
                 return Err(Error::posix("link", format!("{o} was removed"), libc::ENOENT));
             }
+            st.read_meta(t, parent)?;
             if st.lookup(t, parent, name)?.is_some() {
                 return Err(Error::posix("link", format!("{name:?} exists"), libc::EEXIST));
             }
@@ -1300,13 +1307,13 @@ impl Engine {
             None => false,
         };
         if orphan {
-            if let Some(p) = st.base_path(o) {
-                let _ = st.storage.unlink(&p);
-            }
+            // The journal may still name .txfs/orphans/N (J1: only a plan
+            // changes the backing tree): the file goes after the next
+            // checkpoint, or at the next start.
             if let Some(n) = st.nodes.get_mut(&o) {
-                n.base = None;
                 n.gone = true;
             }
+            st.released_orphans.push(o);
         }
     }
 
@@ -1543,7 +1550,12 @@ fn stamp(st: &mut State, delta: &Delta, seq: Seq, old_sizes: &HashMap<ObjId, u64
         // A directory's link count changes with every mkdir/rmdir in it; it
         // is not validated, or creating different names in one directory
         // would conflict (SPEC §3). A file's link count is.
-        let links = a.nlink != 0 && st.nodes.get(o).is_some_and(|n| n.kind != FileKind::Dir);
+        // A directory's own count drops by 2 only when it is removed: that is
+        // stamped, so a transaction adding names to it cannot commit.
+        let links = match st.nodes.get(o).map(|n| n.kind) {
+            Some(FileKind::Dir) => a.nlink <= -2,
+            _ => a.nlink != 0,
+        };
         if a.mode.is_some() || a.uid.is_some() || a.gid.is_some() || links || !a.xattrs.is_empty() {
             st.ver.metas.insert(*o, seq);
         }

@@ -4,7 +4,8 @@
 //! ```text
 //!  1. create .txfs/{journal,stage,orphans,spill} if missing
 //!  2. a plan file exists      -> execute it again (J5) and finish it
-//!  3. empty spill/ and orphans/  (private or unreachable data: no trace)
+//!  3. empty spill/ (private data: no trace); orphans/ is emptied after the
+//!     checkpoint of step 4, since the journal may still name its files
 //!  4. exactly one journal file -> scan it (J3), cut a torn tail, and
 //!     compose every whole record into the committed delta
 //! ```
@@ -257,6 +258,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         journal_files: HashMap::from([(epoch, jf.clone())]),
         spills: HashMap::new(),
         poisoned: None,
+        released_orphans: Vec::new(),
         stats: Default::default(),
         spill_threshold: opts.spill_threshold,
     };

@@ -71,7 +71,8 @@ pub struct TxMap {
 struct Inner {
     threads: HashMap<u32, ThreadTx>,
     trees: HashMap<u32, TreeTx>,
-    cache: HashMap<u32, Option<TxId>>,
+    /// Tree membership by thread: (its start time, the tree's transaction).
+    cache: HashMap<u32, (Option<u64>, Option<TxId>)>,
 }
 
 impl TxMap {
@@ -87,11 +88,16 @@ impl TxMap {
         if g.trees.is_empty() {
             return None;
         }
-        if let Some(c) = g.cache.get(&tid) {
-            return *c;
+        // A thread id can be reused by an unrelated process: the cached
+        // answer holds only for the same (tid, start time).
+        let start = start_time(tid);
+        if let Some((s, c)) = g.cache.get(&tid) {
+            if *s == start {
+                return *c;
+            }
         }
         let found = tree_of(&g.trees, tid);
-        g.cache.insert(tid, found);
+        g.cache.insert(tid, (start, found));
         found
     }
 
