@@ -1009,6 +1009,12 @@ impl Engine {
             .unwrap_or_default()
     }
 
+    /// True if `o` was created by the live transaction `tx` (nobody else
+    /// can reach it).
+    pub fn created_by(&self, tx: TxId, o: ObjId) -> bool {
+        self.lock().txs.get(&tx).is_some_and(|t| t.delta.created.contains_key(&o))
+    }
+
     /// True if `tx` lost a conflict: it can only abort.
     pub fn is_doomed(&self, tx: TxId) -> bool {
         self.lock().txs.get(&tx).is_some_and(|t| t.doomed.is_some())

@@ -8,20 +8,25 @@
 //! so a transaction reads its own writes through any descriptor, even one
 //! opened before it began.
 //!
-//! The page cache is used only by `mmap` (`FUSE_DIRECT_IO_ALLOW_MMAP`).
-//! Page faults are answered with the faulting thread's view, so a
-//! transaction maps its own writes (git maps files it has just written).
-//! Every change that commits — a transaction, or a plain write or
-//! truncate — drops the changed files' cached pages before its caller is
-//! answered, and so does the end of a transaction for the files it changed,
-//! so no mapping sees a stale page after a commit is visible, nor an
-//! aborted transaction's data after the abort.
+//! The page cache is used only by `mmap` (`FUSE_DIRECT_IO_ALLOW_MMAP`),
+//! and isolation there comes from node ids ([`Private`]): a transaction
+//! knows every existing regular file it looks up by a *private* node id,
+//! so the kernel keeps a separate inode — and page cache — for it that no
+//! other process can reach. Page faults on a private node get its
+//! transaction's view (it maps its own writes; git maps files it has just
+//! written); faults on a shared node get the committed state (told apart
+//! from direct reads by the lock owner the kernel attaches to direct reads
+//! only), except for files the faulting transaction created, which nobody
+//! else can reach. Commits drop the cached pages of every node id of the
+//! files they changed, and a transaction's end drops its private nodes'
+//! pages, before the caller is answered.
 //!
-//! Known holes (README "Known limits"; transaction-private node ids,
-//! DESIGN §9, close both):
-//! * while a transaction maps a file it changed, the faulted pages sit in
-//!   the page cache that other processes' mappings of that file share:
-//!   they can see them until the transaction ends;
+//! Consequences (README "Known limits"):
+//! * a descriptor opened *before* a transaction began is on a node of
+//!   another view: its mappings show the committed state (its `read(2)`
+//!   still sees the transaction's writes);
+//! * inside a transaction, `st_ino` of existing files differs from the
+//!   one other processes see (a private node id);
 //! * writes through a shared writable mapping are not transactional: the
 //!   kernel writes them back later (`FUSE_WRITE_CACHE`), and they are
 //!   applied then as plain writes — never into a transaction.
@@ -65,12 +70,17 @@ pub struct TxFs {
     pub txs: Arc<TxMap>,
     backing: PathBuf,
     handles: Mutex<HashMap<u64, Handle>>,
-    dirs: Mutex<HashMap<u64, Vec<DirEntry>>>,
+    /// Open directory handles: the listing as the opener saw it, and whose view.
+    dirs: Mutex<HashMap<u64, DirSnapshot>>,
     next_fh: AtomicU64,
     /// Set once the session exists; used to drop stale kernel pages.
     pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     invalidator: Mutex<std::sync::mpsc::Sender<Deferred>>,
+    private: Mutex<Private>,
 }
+
+/// A directory listing taken at opendir, and the transaction it was taken in.
+type DirSnapshot = (Option<TxId>, Arc<Vec<DirEntry>>);
 
 /// Files whose cached pages must go, and the reply to send after.
 type Deferred = (Vec<ObjId>, Box<dyn FnOnce() + Send>);
@@ -142,8 +152,19 @@ fn fattr(a: &Attr) -> FileAttr {
     }
 }
 
-fn obj(ino: INodeNo) -> ObjId {
-    ObjId(ino.0)
+/// Node ids from here up are transaction-private (see [`Private`]).
+const PRIVATE_BASE: u64 = 1 << 62;
+
+/// Transaction-private node ids: a transaction that changed an existing
+/// file gets its own kernel inode for it, so the pages its mappings fault
+/// in live in a page cache nobody else reaches (SPEC §6).
+#[derive(Default)]
+struct Private {
+    owner: HashMap<u64, (TxId, ObjId)>,
+    by_pair: HashMap<(TxId, ObjId), u64>,
+    of_obj: HashMap<ObjId, Vec<u64>>,
+    of_tx: HashMap<TxId, Vec<u64>>,
+    next: u64,
 }
 
 impl TxFs {
@@ -164,7 +185,85 @@ impl TxFs {
             next_fh: AtomicU64::new(1),
             notifier,
             invalidator: Mutex::new(tx),
+            private: Mutex::new(Private::default()),
         }
+    }
+
+    /// The engine object behind a kernel node id.
+    fn obj(&self, ino: INodeNo) -> ObjId {
+        if ino.0 >= PRIVATE_BASE {
+            if let Some((_, o)) = self.private.lock().owner.get(&ino.0) {
+                return *o;
+            }
+        }
+        ObjId(ino.0)
+    }
+
+    /// The transaction whose private node `ino` is, if it is one: `Some(None)`
+    /// once that transaction has ended (then everyone's committed view).
+    fn private_owner(&self, ino: INodeNo) -> Option<Option<TxId>> {
+        if ino.0 < PRIVATE_BASE {
+            return None;
+        }
+        let t = self.private.lock().owner.get(&ino.0).map(|(t, _)| *t)?;
+        Some(Some(t).filter(|t| self.engine.is_live(*t)))
+    }
+
+    /// The view for a request on node `ino`: a private node's owner, else
+    /// the caller's transaction.
+    fn tx_at(&self, req: &Request, ino: INodeNo) -> Option<TxId> {
+        match self.private_owner(ino) {
+            Some(owner) => owner,
+            None => self.tx(req),
+        }
+    }
+
+    /// The node id `tx` should know `o` by: a transaction knows every
+    /// existing regular file it looks up by a private id, so the pages its
+    /// mappings fault in (its view) stay in a page cache only it reaches.
+    /// Files it created are reachable by nobody else anyway.
+    fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> u64 {
+        let Some(t) = tx else { return o.0 };
+        if kind != FileKind::File {
+            return o.0;
+        }
+        if let Some(k) = self.private.lock().by_pair.get(&(t, o)) {
+            return *k;
+        }
+        if self.engine.created_by(t, o) {
+            return o.0;
+        }
+        let mut p = self.private.lock();
+        p.next += 1;
+        let k = PRIVATE_BASE + p.next;
+        p.owner.insert(k, (t, o));
+        p.by_pair.insert((t, o), k);
+        p.of_obj.entry(o).or_default().push(k);
+        p.of_tx.entry(t).or_default().push(k);
+        k
+    }
+
+    /// A transaction's private node ids, to drop their pages when it ends.
+    fn private_ids(&self, t: TxId) -> Vec<ObjId> {
+        self.private.lock().of_tx.remove(&t).unwrap_or_default().into_iter().map(ObjId).collect()
+    }
+
+    /// Attributes for an entry reply, under the node id `tx` knows them by.
+    fn entry_attr(&self, tx: Option<TxId>, a: &Attr) -> FileAttr {
+        let mut f = fattr(a);
+        f.ino = INodeNo(self.node_id(tx, a.obj, a.kind));
+        f
+    }
+
+    /// Every node id of these objects: the shared one and private ones.
+    fn all_ids(&self, objs: Vec<ObjId>) -> Vec<ObjId> {
+        let p = self.private.lock();
+        let mut out = Vec::with_capacity(objs.len());
+        for o in objs {
+            out.extend(p.of_obj.get(&o).into_iter().flatten().map(|k| ObjId(*k)));
+            out.push(o);
+        }
+        out
     }
 
     /// Sends `reply` once the cached pages of `objs` are gone (on the
@@ -180,9 +279,9 @@ impl TxFs {
 
     /// What a content change must invalidate before it is answered: plain
     /// changes commit at once; a transaction's stay private until commit.
-    fn committed_now(tx: Option<TxId>, o: ObjId) -> Vec<ObjId> {
+    fn committed_now(&self, tx: Option<TxId>, o: ObjId) -> Vec<ObjId> {
         if tx.is_none() {
-            vec![o]
+            self.all_ids(vec![o])
         } else {
             Vec::new()
         }
@@ -233,7 +332,11 @@ impl TxFs {
                 }
                 match self.txs.end(tid) {
                     Some((tx, true)) => match self.engine.commit_changes(tx, durability) {
-                        Ok(changed) => Ok((Vec::new(), changed)),
+                        Ok(changed) => {
+                            let mut inval = self.all_ids(changed);
+                            inval.extend(self.private_ids(tx));
+                            Ok((Vec::new(), inval))
+                        }
                         Err(err) => {
                             tracing::info!(tid, %tx, "commit failed: {err}");
                             Err(errno(&err))
@@ -245,7 +348,8 @@ impl TxFs {
             ioctl::ABORT => match self.txs.drop_thread(tid) {
                 Some((tx, _owned)) => {
                     // Inside a tree transaction an abort dooms the whole tree.
-                    let private = self.engine.changed_files(tx);
+                    let mut private = self.all_ids(self.engine.changed_files(tx));
+                    private.extend(self.private_ids(tx));
                     let _ = self.engine.abort(tx);
                     Ok((Vec::new(), private))
                 }
@@ -281,7 +385,8 @@ impl TxFs {
                             // EDEADLK tells `txfs run` that the command failed
                             // because it lost a conflict: worth a rerun.
                             let doomed = self.engine.is_doomed(tx);
-                            let private = self.engine.changed_files(tx);
+                            let mut private = self.all_ids(self.engine.changed_files(tx));
+                            private.extend(self.private_ids(tx));
                             let _ = self.engine.abort(tx);
                             tracing::info!(pid, %tx, doomed, "process tree transaction aborted");
                             // NB: the pages are dropped before the reply only on success.
@@ -297,7 +402,9 @@ impl TxFs {
                         match self.engine.commit_changes(tx, d) {
                             Ok(changed) => {
                                 tracing::info!(pid, %tx, "process tree transaction committed");
-                                Ok((Vec::new(), changed))
+                                let mut inval = self.all_ids(changed);
+                                inval.extend(self.private_ids(tx));
+                                Ok((Vec::new(), inval))
                             }
                             Err(err) => {
                                 tracing::info!(pid, %tx, "process tree commit failed: {err}");
@@ -360,8 +467,9 @@ impl Filesystem for TxFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.engine.lookup(self.tx(req), obj(parent), name) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        let tx = self.tx(req);
+        match self.engine.lookup(tx, self.obj(parent), name) {
+            Ok(a) => reply.entry(&TTL, &self.entry_attr(tx, &a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -369,10 +477,10 @@ impl Filesystem for TxFs {
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let tx = match fh {
             Some(fh) => self.tx_fh(req, fh),
-            None => self.tx(req),
+            None => self.tx_at(req, ino),
         };
-        match self.engine.getattr(tx, obj(ino)) {
-            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+        match self.engine.getattr(tx, self.obj(ino)) {
+            Ok(a) => reply.attr(&TTL, &FileAttr { ino, ..fattr(&a) }),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -397,20 +505,20 @@ impl Filesystem for TxFs {
     ) {
         let tx = match fh {
             Some(fh) => self.tx_fh(req, fh),
-            None => self.tx(req),
+            None => self.tx_at(req, ino),
         };
         let set = SetAttr { mode, uid, gid, size, atime: atime.map(stamp), mtime: mtime.map(stamp) };
-        match self.engine.setattr(tx, obj(ino), &set) {
+        match self.engine.setattr(tx, self.obj(ino), &set) {
             Ok(a) => {
-                let inval = if size.is_some() { Self::committed_now(tx, obj(ino)) } else { Vec::new() };
-                self.after(inval, move || reply.attr(&TTL, &fattr(&a)))
+                let inval = if size.is_some() { self.committed_now(tx, self.obj(ino)) } else { Vec::new() };
+                self.after(inval, move || reply.attr(&TTL, &FileAttr { ino, ..fattr(&a) }))
             }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.engine.readlink(self.tx(req), obj(ino)) {
+        match self.engine.readlink(self.tx_at(req, ino), self.obj(ino)) {
             Ok(t) => reply.data(t.as_bytes()),
             Err(e) => reply.error(errno(&e)),
         }
@@ -430,36 +538,39 @@ impl Filesystem for TxFs {
             // Devices, fifos and sockets are not supported (README).
             return reply.error(Errno::EPERM);
         }
-        match self.engine.create(self.tx(req), obj(parent), name, mode & !umask, req.uid(), req.gid()) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        let tx = self.tx(req);
+        match self.engine.create(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
+            Ok(a) => reply.entry(&TTL, &self.entry_attr(tx, &a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        match self.engine.mkdir(self.tx(req), obj(parent), name, mode & !umask, req.uid(), req.gid()) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        let tx = self.tx(req);
+        match self.engine.mkdir(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
+            Ok(a) => reply.entry(&TTL, &self.entry_attr(tx, &a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.engine.unlink(self.tx(req), obj(parent), name) {
+        match self.engine.unlink(self.tx(req), self.obj(parent), name) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.engine.rmdir(self.tx(req), obj(parent), name) {
+        match self.engine.rmdir(self.tx(req), self.obj(parent), name) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        match self.engine.symlink(self.tx(req), obj(parent), link_name, target.as_os_str(), req.uid(), req.gid()) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        let tx = self.tx(req);
+        match self.engine.symlink(tx, self.obj(parent), link_name, target.as_os_str(), req.uid(), req.gid()) {
+            Ok(a) => reply.entry(&TTL, &self.entry_attr(tx, &a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -481,28 +592,29 @@ impl Filesystem for TxFs {
             noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
         };
-        match self.engine.rename(self.tx(req), obj(parent), name, obj(newparent), newname, f) {
+        match self.engine.rename(self.tx(req), self.obj(parent), name, self.obj(newparent), newname, f) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        match self.engine.link(self.tx(req), obj(ino), obj(newparent), newname) {
-            Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        let tx = self.tx(req);
+        match self.engine.link(tx, self.obj(ino), self.obj(newparent), newname) {
+            Ok(a) => reply.entry(&TTL, &self.entry_attr(tx, &a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let tx = self.tx(req);
+        let tx = self.tx_at(req, ino);
         if flags.0 & libc::O_TRUNC != 0 {
-            if let Err(e) = self.engine.truncate(tx, obj(ino), 0) {
+            if let Err(e) = self.engine.truncate(tx, self.obj(ino), 0) {
                 return reply.error(errno(&e));
             }
         }
-        let inval = if flags.0 & libc::O_TRUNC != 0 { Self::committed_now(tx, obj(ino)) } else { Vec::new() };
-        match self.open_handle(obj(ino), tx, flags.0) {
+        let inval = if flags.0 & libc::O_TRUNC != 0 { self.committed_now(tx, self.obj(ino)) } else { Vec::new() };
+        match self.open_handle(self.obj(ino), tx, flags.0) {
             Ok((fh, fopen)) => self.after(inval, move || reply.opened(FileHandle(fh), fopen)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -511,7 +623,7 @@ impl Filesystem for TxFs {
     fn read(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -523,10 +635,18 @@ impl Filesystem for TxFs {
             return reply.error(Errno::EBADF);
         };
         // The kernel names a lock owner on direct reads only; a read without
-        // one fills the page cache for a mapping. Either way the caller's
-        // view: a transaction maps its own writes (module docs: the hole).
-        let _direct = lock_owner.is_some();
-        let tx = self.tx_fh(req, fh);
+        // one fills the page cache of this node for a mapping. A private
+        // node's pages are its transaction's; a shared node's pages are
+        // everyone's, so they hold committed data — except for an object
+        // the caller's transaction created, which nobody else can reach.
+        let tx = if lock_owner.is_some() {
+            self.tx_fh(req, fh)
+        } else {
+            match self.private_owner(ino) {
+                Some(owner) => owner,
+                None => self.tx_fh(req, fh).filter(|t| self.engine.created_by(*t, o)),
+            }
+        };
         match self.engine.read(tx, o, offset, size as usize) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
@@ -560,7 +680,7 @@ impl Filesystem for TxFs {
         // A write-back's data comes from the page cache: nothing to drop (and
         // dropping would wait for this very write-back).
         let inval =
-            if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) { Vec::new() } else { Self::committed_now(tx, o) };
+            if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) { Vec::new() } else { self.committed_now(tx, o) };
         match r {
             Ok(n) => self.after(inval, move || reply.written(n as u32)),
             Err(e) => reply.error(errno(&e)),
@@ -595,10 +715,11 @@ impl Filesystem for TxFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.engine.readdir(self.tx(req), obj(ino)) {
+        let tx = self.tx(req);
+        match self.engine.readdir(tx, self.obj(ino)) {
             Ok(list) => {
                 let fh = self.new_fh();
-                self.dirs.lock().insert(fh, list);
+                self.dirs.lock().insert(fh, (tx, Arc::new(list)));
                 reply.opened(FileHandle(fh), FopenFlags::empty());
             }
             Err(e) => reply.error(errno(&e)),
@@ -606,15 +727,14 @@ impl Filesystem for TxFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let dirs = self.dirs.lock();
-        let Some(list) = dirs.get(&fh.0) else { return reply.error(Errno::EBADF) };
+        let Some((tx, list)) = self.dirs.lock().get(&fh.0).cloned() else { return reply.error(Errno::EBADF) };
         let mut i = offset as usize;
         loop {
             let full = match i {
                 0 => reply.add(ino, 1, FileType::Directory, "."),
                 1 => reply.add(ino, 2, FileType::Directory, ".."),
                 _ => match list.get(i - 2) {
-                    Some(e) => reply.add(INodeNo(e.obj.0), i as u64 + 1, kind(e.kind), &e.name),
+                    Some(e) => reply.add(INodeNo(self.node_id(tx, e.obj, e.kind)), i as u64 + 1, kind(e.kind), &e.name),
                     None => break,
                 },
             };
@@ -672,14 +792,14 @@ impl Filesystem for TxFs {
     ) {
         let create = flags & libc::XATTR_CREATE != 0;
         let replace = flags & libc::XATTR_REPLACE != 0;
-        match self.engine.setxattr(self.tx(req), obj(ino), name, Some(value), create, replace) {
+        match self.engine.setxattr(self.tx_at(req, ino), self.obj(ino), name, Some(value), create, replace) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.engine.getxattr(self.tx(req), obj(ino), name) {
+        match self.engine.getxattr(self.tx_at(req, ino), self.obj(ino), name) {
             Ok(Some(v)) => {
                 if size == 0 {
                     reply.size(v.len() as u32)
@@ -695,7 +815,7 @@ impl Filesystem for TxFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.engine.listxattr(self.tx(req), obj(ino)) {
+        match self.engine.listxattr(self.tx_at(req, ino), self.obj(ino)) {
             Ok(names) => {
                 let mut buf = Vec::new();
                 for n in names {
@@ -715,7 +835,7 @@ impl Filesystem for TxFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.engine.setxattr(self.tx(req), obj(ino), name, None, false, false) {
+        match self.engine.setxattr(self.tx_at(req, ino), self.obj(ino), name, None, false, false) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -732,7 +852,7 @@ impl Filesystem for TxFs {
         reply: ReplyCreate,
     ) {
         let tx = self.tx(req);
-        let attr = match self.engine.create(tx, obj(parent), name, mode & !umask, req.uid(), req.gid()) {
+        let attr = match self.engine.create(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
             Ok(a) => a,
             Err(e) => return reply.error(errno(&e)),
         };
