@@ -832,6 +832,22 @@ impl State {
         Ok(())
     }
 
+    /// An extended attribute as `tx` sees it; records the read.
+    fn xattr(&mut self, tx: &mut Tx, o: ObjId, name: &OsStr) -> Result<Option<Vec<u8>>> {
+        self.kind_in(Some(tx), o)?;
+        self.read_meta(tx, o)?;
+        for d in [&tx.delta, &self.committed] {
+            if let Some(v) = d.objs.get(&o).and_then(|od| od.attr.xattrs.get(name)) {
+                return Ok(v.clone());
+            }
+        }
+        if self.is_created(tx, o) {
+            return Ok(None);
+        }
+        let p = self.base_path(o).ok_or(Error::Stale(o))?;
+        self.storage.get_xattr(&p, name).ctx("getxattr", || p.display().to_string())
+    }
+
     fn discard_tx(&mut self, tx: &Tx) {
         if tx.spill.is_some() {
             self.spills.remove(&tx.id);
@@ -1198,20 +1214,7 @@ impl Engine {
     }
 
     pub fn getxattr(&self, tx: Option<TxId>, o: ObjId, name: &OsStr) -> Result<Option<Vec<u8>>> {
-        self.run(tx, |st, t| {
-            st.kind_in(Some(t), o)?;
-            st.read_meta(t, o)?;
-            for d in [&t.delta, &st.committed] {
-                if let Some(v) = d.objs.get(&o).and_then(|od| od.attr.xattrs.get(name)) {
-                    return Ok(v.clone());
-                }
-            }
-            if st.is_created(t, o) {
-                return Ok(None);
-            }
-            let p = st.base_path(o).ok_or(Error::Stale(o))?;
-            st.storage.get_xattr(&p, name).ctx("getxattr", || p.display().to_string())
-        })
+        self.run(tx, |st, t| st.xattr(t, o, name))
     }
 
     pub fn listxattr(&self, tx: Option<TxId>, o: ObjId) -> Result<Vec<OsString>> {
@@ -1253,25 +1256,22 @@ impl Engine {
         if value.is_some_and(|v| v.len() > 65536) {
             return Err(Error::posix("setxattr", format!("{name:?}"), libc::E2BIG));
         }
-        if name.as_bytes().starts_with(b"user.") && self.getattr(tx, o)?.kind == FileKind::Symlink {
-            // As Linux: user.* attributes only on files and directories.
-            return Err(Error::posix("setxattr", format!("{name:?} on a symlink"), libc::EPERM));
-        }
-        let exists = self.getxattr(tx, o, name)?.is_some();
-        if value.is_none() && !exists {
-            return Err(Error::posix("removexattr", format!("{name:?}"), libc::ENODATA));
-        }
-        if create && exists {
-            return Err(Error::posix("setxattr", format!("{name:?}"), libc::EEXIST));
-        }
-        if replace && !exists {
-            return Err(Error::posix("setxattr", format!("{name:?}"), libc::ENODATA));
-        }
+        // Checks and change in one lock hold: XATTR_CREATE is atomic.
         self.run(tx, |st, t| {
             let kind = st.kind_in(Some(t), o)?;
             if kind == FileKind::Symlink && name.as_bytes().starts_with(b"user.") {
                 // As Linux: user.* attributes only on files and directories.
                 return Err(Error::posix("setxattr", format!("{name:?} on a symlink"), libc::EPERM));
+            }
+            let exists = st.xattr(t, o, name)?.is_some();
+            if value.is_none() && !exists {
+                return Err(Error::posix("removexattr", format!("{name:?}"), libc::ENODATA));
+            }
+            if create && exists {
+                return Err(Error::posix("setxattr", format!("{name:?}"), libc::EEXIST));
+            }
+            if replace && !exists {
+                return Err(Error::posix("setxattr", format!("{name:?}"), libc::ENODATA));
             }
             t.delta.obj(o).attr.xattrs.insert(name.to_owned(), value.map(|v| v.to_vec()));
             State::touch(t, o, false);

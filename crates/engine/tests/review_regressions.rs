@@ -79,3 +79,27 @@ fn mkdir_and_rmdir_next_to_a_create_do_not_conflict() {
         e.commit(t, Durability::Ordered).expect("different names in one directory");
     }
 }
+
+/// Story: two processes create the same xattr with XATTR_CREATE outside
+/// transactions. The check and the change used to take the lock twice, so
+/// both could succeed. Exactly one must.
+#[test]
+fn xattr_create_is_atomic() {
+    let e = Arc::new(Engine::open(Arc::new(MemFs::new()), opts()).unwrap());
+    let f = e.create(None, ObjId::ROOT, os("f"), 0o644, 0, 0).unwrap().obj;
+    for round in 0..200 {
+        let name = format!("user.k{round}");
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let racers: Vec<_> = (0..2u8)
+            .map(|i| {
+                let (e, b, n) = (e.clone(), barrier.clone(), name.clone());
+                std::thread::spawn(move || {
+                    b.wait();
+                    e.setxattr(None, f, OsStr::new(&n), Some(&[i]), true, false).is_ok()
+                })
+            })
+            .collect();
+        let won = racers.into_iter().map(|h| h.join().unwrap()).filter(|ok| *ok).count();
+        assert_eq!(won, 1, "round {round}: XATTR_CREATE succeeded {won} times");
+    }
+}
