@@ -76,7 +76,7 @@ pub struct TxFs {
     /// Set once the session exists; used to drop stale kernel pages.
     pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     invalidator: Mutex<std::sync::mpsc::Sender<Deferred>>,
-    private: Mutex<Private>,
+    private: Arc<Mutex<Private>>,
 }
 
 /// A directory listing taken at opendir, and the transaction it was taken in.
@@ -84,6 +84,39 @@ type DirSnapshot = (Option<TxId>, Arc<Vec<DirEntry>>);
 
 /// Files whose cached pages must go, and the reply to send after.
 type Deferred = (Vec<ObjId>, Box<dyn FnOnce() + Send>);
+
+fn all_ids(private: &Mutex<Private>, objs: Vec<ObjId>) -> Vec<ObjId> {
+    let p = private.lock();
+    let mut out = Vec::with_capacity(objs.len());
+    for o in objs {
+        out.extend(p.of_obj.get(&o).into_iter().flatten().map(|k| ObjId(*k)));
+        out.push(o);
+    }
+    out
+}
+
+/// Ends `tx` — commits it with `Some(durability)`, else aborts it — and
+/// returns the node ids whose cached pages must go before anyone hears of
+/// it: every id of the files a commit changed, and the transaction's own
+/// private nodes either way (their pages hold its view).
+fn end_tx(
+    engine: &Engine,
+    private: &Mutex<Private>,
+    tx: TxId,
+    commit: Option<Durability>,
+) -> (Result<(), Error>, Vec<ObjId>) {
+    let own: Vec<ObjId> = private.lock().of_tx.remove(&tx).unwrap_or_default().into_iter().map(ObjId).collect();
+    let (r, changed) = match commit {
+        Some(d) => match engine.commit_changes(tx, d) {
+            Ok(changed) => (Ok(()), changed),
+            Err(e) => (Err(e), Vec::new()),
+        },
+        None => (engine.abort(tx), Vec::new()),
+    };
+    let mut pages = all_ids(private, changed);
+    pages.extend(own);
+    (r, pages)
+}
 
 fn invalidator(notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, jobs: std::sync::mpsc::Receiver<Deferred>) {
     for (objs, reply) in jobs {
@@ -176,16 +209,31 @@ impl TxFs {
             .name("txfs-inval".into())
             .spawn(move || invalidator(n, rx))
             .expect("spawning the invalidation thread");
+        // Abort transactions whose thread or `txfs run` owner has died.
+        let private: Arc<Mutex<Private>> = Arc::default();
+        let txs: Arc<TxMap> = Arc::default();
+        let (e, t, p, inval) = (engine.clone(), txs.clone(), private.clone(), tx.clone());
+        std::thread::Builder::new()
+            .name("txfs-reaper".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(250));
+                for dead in t.reap() {
+                    tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
+                    let (_, pages) = end_tx(&e, &p, dead, None);
+                    let _ = inval.send((pages, Box::new(|| {})));
+                }
+            })
+            .expect("spawning the reaper thread");
         TxFs {
             engine,
-            txs: Arc::new(TxMap::default()),
+            txs,
             backing,
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             notifier,
             invalidator: Mutex::new(tx),
-            private: Mutex::new(Private::default()),
+            private,
         }
     }
 
@@ -243,11 +291,6 @@ impl TxFs {
         k
     }
 
-    /// A transaction's private node ids, to drop their pages when it ends.
-    fn private_ids(&self, t: TxId) -> Vec<ObjId> {
-        self.private.lock().of_tx.remove(&t).unwrap_or_default().into_iter().map(ObjId).collect()
-    }
-
     /// Attributes for an entry reply, under the node id `tx` knows them by.
     fn entry_attr(&self, tx: Option<TxId>, a: &Attr) -> FileAttr {
         let mut f = fattr(a);
@@ -257,13 +300,7 @@ impl TxFs {
 
     /// Every node id of these objects: the shared one and private ones.
     fn all_ids(&self, objs: Vec<ObjId>) -> Vec<ObjId> {
-        let p = self.private.lock();
-        let mut out = Vec::with_capacity(objs.len());
-        for o in objs {
-            out.extend(p.of_obj.get(&o).into_iter().flatten().map(|k| ObjId(*k)));
-            out.push(o);
-        }
-        out
+        all_ids(&self.private, objs)
     }
 
     /// Sends `reply` once the cached pages of `objs` are gone (on the
@@ -331,27 +368,25 @@ impl TxFs {
                     return Err(Errno::from_i32(libc::EINVAL));
                 }
                 match self.txs.end(tid) {
-                    Some((tx, true)) => match self.engine.commit_changes(tx, durability) {
-                        Ok(changed) => {
-                            let mut inval = self.all_ids(changed);
-                            inval.extend(self.private_ids(tx));
-                            Ok((Vec::new(), inval))
+                    Some((tx, true)) => {
+                        let (r, pages) = end_tx(&self.engine, &self.private, tx, Some(durability));
+                        match r {
+                            Ok(()) => Ok((Vec::new(), pages)),
+                            Err(err) => {
+                                tracing::info!(tid, %tx, "commit failed: {err}");
+                                self.after(pages, || {});
+                                Err(errno(&err))
+                            }
                         }
-                        Err(err) => {
-                            tracing::info!(tid, %tx, "commit failed: {err}");
-                            Err(errno(&err))
-                        }
-                    },
+                    }
                     _ => Ok((Vec::new(), Vec::new())),
                 }
             }
             ioctl::ABORT => match self.txs.drop_thread(tid) {
                 Some((tx, _owned)) => {
                     // Inside a tree transaction an abort dooms the whole tree.
-                    let mut private = self.all_ids(self.engine.changed_files(tx));
-                    private.extend(self.private_ids(tx));
-                    let _ = self.engine.abort(tx);
-                    Ok((Vec::new(), private))
+                    let (_, pages) = end_tx(&self.engine, &self.private, tx, None);
+                    Ok((Vec::new(), pages))
                 }
                 None => Err(Errno::from_i32(libc::EINVAL)),
             },
@@ -385,12 +420,10 @@ impl TxFs {
                             // EDEADLK tells `txfs run` that the command failed
                             // because it lost a conflict: worth a rerun.
                             let doomed = self.engine.is_doomed(tx);
-                            let mut private = self.all_ids(self.engine.changed_files(tx));
-                            private.extend(self.private_ids(tx));
-                            let _ = self.engine.abort(tx);
+                            let (_, pages) = end_tx(&self.engine, &self.private, tx, None);
                             tracing::info!(pid, %tx, doomed, "process tree transaction aborted");
                             // NB: the pages are dropped before the reply only on success.
-                            self.after(private, || {});
+                            self.after(pages, || {});
                             return if doomed {
                                 Err(Errno::from_i32(libc::EDEADLK))
                             } else {
@@ -399,15 +432,15 @@ impl TxFs {
                         }
                         let d =
                             if flags & ioctl::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
-                        match self.engine.commit_changes(tx, d) {
-                            Ok(changed) => {
+                        let (r, pages) = end_tx(&self.engine, &self.private, tx, Some(d));
+                        match r {
+                            Ok(()) => {
                                 tracing::info!(pid, %tx, "process tree transaction committed");
-                                let mut inval = self.all_ids(changed);
-                                inval.extend(self.private_ids(tx));
-                                Ok((Vec::new(), inval))
+                                Ok((Vec::new(), pages))
                             }
                             Err(err) => {
                                 tracing::info!(pid, %tx, "process tree commit failed: {err}");
+                                self.after(pages, || {});
                                 Err(errno(&err))
                             }
                         }

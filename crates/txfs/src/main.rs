@@ -115,7 +115,6 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
         .map_err(|e| format!("pid file: {e}"))?;
     let engine = Arc::new(open_engine(&backing, Options::default())?);
     let txfs = fs::TxFs::new(engine.clone(), backing.clone());
-    let txs = txfs.txs.clone();
     let notifier_slot = txfs.notifier.clone();
     let mut mopts = vec![
         fuser::MountOption::FSName(format!("txfs:{}", backing.display())),
@@ -144,25 +143,6 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     config.mount_options = mopts;
     config.acl = acl;
     config.n_threads = Some(4);
-    // Abort transactions whose thread or `txfs run` owner has died.
-    let reaper_engine = engine.clone();
-    let reaper_notifier = notifier_slot.clone();
-    std::thread::Builder::new()
-        .name("txfs-reaper".into())
-        .spawn(move || loop {
-            std::thread::sleep(Duration::from_millis(250));
-            for tx in txs.reap() {
-                tracing::info!(%tx, "owner exited with the transaction open: aborting it");
-                let private = reaper_engine.changed_files(tx);
-                let _ = reaper_engine.abort(tx);
-                if let Some(n) = reaper_notifier.get() {
-                    for o in private {
-                        let _ = n.inval_inode(fuser::INodeNo(o.0), 0, 0);
-                    }
-                }
-            }
-        })
-        .map_err(|e| format!("reaper thread: {e}"))?;
     let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
     let _ = notifier_slot.set(session.notifier());
     tracing::info!(backing = %backing.display(), mountpoint = %point.display(), "serving");
