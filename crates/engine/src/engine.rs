@@ -1015,16 +1015,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Files whose content `tx` changed: pages of them that a mapping made
-    /// inside `tx` may hold are private data.
-    pub fn changed_files(&self, tx: TxId) -> Vec<ObjId> {
-        let st = self.lock();
-        st.txs
-            .get(&tx)
-            .map(|t| t.delta.objs.iter().filter(|(_, d)| d.file.is_some()).map(|(o, _)| *o).collect())
-            .unwrap_or_default()
-    }
-
     /// True if `o` was created by the live transaction `tx` (nobody else
     /// can reach it).
     pub fn created_by(&self, tx: TxId, o: ObjId) -> bool {

@@ -142,6 +142,22 @@ struct Inode {
 }
 
 impl Inode {
+    /// A new object owned by 0:0, with one link, all times `now`.
+    fn new(node: Node, mode: u32, now: Timestamp) -> Inode {
+        Inode {
+            node,
+            mode,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            mtime_set: now,
+            xattrs: BTreeMap::new(),
+        }
+    }
+
     fn kind(&self) -> FileKind {
         match self.node {
             Node::File(_) => FileKind::File,
@@ -172,18 +188,7 @@ pub(crate) struct MemTree {
 impl MemTree {
     pub(crate) fn new() -> MemTree {
         let now = Timestamp::now();
-        let root = Inode {
-            node: Node::Dir(BTreeMap::new()),
-            mode: 0o755,
-            uid: 0,
-            gid: 0,
-            nlink: 1,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            mtime_set: now,
-            xattrs: BTreeMap::new(),
-        };
+        let root = Inode::new(Node::Dir(BTreeMap::new()), 0o755, now);
         MemTree { inodes: BTreeMap::from([(ROOT, root)]), next_ino: ROOT + 1, clock: now, open: BTreeMap::new() }
     }
 
@@ -291,18 +296,7 @@ impl MemTree {
         if self.entries(dir)?.contains_key(name) || self.exists(ino) {
             return Err(err(libc::EEXIST));
         }
-        let inode = Inode {
-            node,
-            mode: mode & 0o7777,
-            uid: 0,
-            gid: 0,
-            nlink: 1,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            mtime_set: now,
-            xattrs: BTreeMap::new(),
-        };
+        let inode = Inode::new(node, mode & 0o7777, now);
         self.entries_mut(dir)?.insert(name.to_owned(), ino);
         self.inodes.insert(ino, inode);
         self.next_ino = self.next_ino.max(ino + 1);
