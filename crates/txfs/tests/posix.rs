@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use serde_json::json;
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -577,4 +577,65 @@ fn shared_writable_mmap_outside_transactions() {
         .output()
         .unwrap();
     assert_eq!(check_ok(&o, "sqlite3 in WAL mode").split_whitespace().collect::<Vec<_>>(), ["wal", "1"]);
+}
+
+/// `mount -t fuse.txfs` and an fstab line go through `/sbin/mount.fuse.txfs`
+/// (a symlink to `txfs`, made here when the machine has none), which mounts
+/// as a daemon; `txfs umount` then leaves plain files.
+#[test]
+fn mount_t_fuse_txfs_and_an_fstab_line() {
+    let helper = Path::new("/sbin/mount.fuse.txfs");
+    let made = match std::fs::symlink_metadata(helper) {
+        Ok(_) => false,
+        Err(_) => {
+            std::os::unix::fs::symlink(TXFS, helper).expect("symlink /sbin/mount.fuse.txfs");
+            true
+        }
+    };
+    struct Unlink(bool);
+    impl Drop for Unlink {
+        fn drop(&mut self) {
+            if self.0 {
+                let _ = std::fs::remove_file("/sbin/mount.fuse.txfs");
+            }
+        }
+    }
+    let _unlink = Unlink(made);
+    let tmp = tempfile::Builder::new().prefix(PREFIX).tempdir().unwrap();
+    let (backing, mnt) = (tmp.path().join("backing"), tmp.path().join("mnt"));
+    std::fs::create_dir(&backing).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::write(backing.join("hello"), "from backing").unwrap();
+
+    let fstab = tmp.path().join("fstab");
+    std::fs::write(&fstab, format!("{} {} fuse.txfs defaults,noatime 0 0\n", backing.display(), mnt.display())).unwrap();
+    let ways: [Vec<&OsStr>; 2] = [
+        vec!["-t".as_ref(), "fuse.txfs".as_ref(), "-o".as_ref(), "noatime".as_ref(), backing.as_ref(), mnt.as_ref()],
+        vec!["-T".as_ref(), fstab.as_ref(), mnt.as_ref()],
+    ];
+    for (i, args) in ways.iter().enumerate() {
+        let out = Command::new("mount").args(args).output().expect("running mount(8)");
+        assert!(out.status.success(), "mount {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let guard = scopeguard(&mnt);
+        assert!(is_mounted(&mnt), "mount {args:?} returned but {} is not a txfs mount", mnt.display());
+        let seen = std::fs::read_to_string(mnt.join("hello")).unwrap();
+        assert!(seen.starts_with("from backing"), "read through the mount: {seen:?}");
+        std::fs::write(mnt.join("hello"), format!("from backing, way {i}")).unwrap();
+        let um = Command::new(TXFS).arg("umount").arg(&mnt).output().unwrap();
+        assert!(um.status.success(), "txfs umount: {}", String::from_utf8_lossy(&um.stderr));
+        std::mem::forget(guard);
+        assert!(!is_mounted(&mnt));
+        assert_eq!(std::fs::read_to_string(backing.join("hello")).unwrap(), format!("from backing, way {i}"));
+    }
+}
+
+/// Lazily unmounts `mnt` if the test fails while it is mounted.
+fn scopeguard(mnt: &Path) -> impl Drop + '_ {
+    struct G<'a>(&'a Path);
+    impl Drop for G<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    G(mnt)
 }
