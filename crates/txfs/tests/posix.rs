@@ -608,7 +608,8 @@ fn mount_t_fuse_txfs_and_an_fstab_line() {
     std::fs::write(backing.join("hello"), "from backing").unwrap();
 
     let fstab = tmp.path().join("fstab");
-    std::fs::write(&fstab, format!("{} {} fuse.txfs defaults,noatime 0 0\n", backing.display(), mnt.display())).unwrap();
+    std::fs::write(&fstab, format!("{} {} fuse.txfs defaults,noatime 0 0\n", backing.display(), mnt.display()))
+        .unwrap();
     let ways: [Vec<&OsStr>; 2] = [
         vec!["-t".as_ref(), "fuse.txfs".as_ref(), "-o".as_ref(), "noatime".as_ref(), backing.as_ref(), mnt.as_ref()],
         vec!["-T".as_ref(), fstab.as_ref(), mnt.as_ref()],
