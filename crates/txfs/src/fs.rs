@@ -79,8 +79,12 @@ pub struct TxFs {
     private: Arc<Mutex<Private>>,
 }
 
-/// A directory listing taken at opendir, and the transaction it was taken in.
-type DirSnapshot = (Option<TxId>, Arc<Vec<DirEntry>>);
+/// An open directory's transaction (of the opener) and its listing, taken at
+/// the first readdir. NB: not at opendir: the client libraries open the
+/// mount root to send every ioctl, and a listing read there would enter the
+/// transaction's read set (a spurious conflict with any create in the root)
+/// and fail in a doomed transaction (so its ABORT could never be sent).
+type DirSnapshot = (Option<TxId>, Option<Arc<Vec<DirEntry>>>);
 
 /// Files whose cached pages must go, and the reply to send after.
 type Deferred = (Vec<ObjId>, Box<dyn FnOnce() + Send>);
@@ -512,6 +516,13 @@ impl Filesystem for TxFs {
             Some(fh) => self.tx_fh(req, fh),
             None => self.tx_at(req, ino),
         };
+        // NB: the client libraries open the mount root to send ABORT, and the
+        // kernel asks for its attributes first: a doomed transaction must get
+        // that far, so the root's attributes come from the committed state.
+        let tx = match tx {
+            Some(t) if ino.0 == 1 && self.engine.is_doomed(t) => None,
+            tx => tx,
+        };
         match self.engine.getattr(tx, self.obj(ino)) {
             Ok(a) => reply.attr(&TTL, &FileAttr { ino, ..fattr(&a) }),
             Err(e) => reply.error(errno(&e)),
@@ -747,20 +758,28 @@ impl Filesystem for TxFs {
         }
     }
 
-    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let tx = self.tx(req);
-        match self.engine.readdir(tx, self.obj(ino)) {
-            Ok(list) => {
-                let fh = self.new_fh();
-                self.dirs.lock().insert(fh, (tx, Arc::new(list)));
-                reply.opened(FileHandle(fh), FopenFlags::empty());
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+        let fh = self.new_fh();
+        self.dirs.lock().insert(fh, (tx, None));
+        reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let Some((tx, list)) = self.dirs.lock().get(&fh.0).cloned() else { return reply.error(Errno::EBADF) };
+        let list = match list {
+            Some(list) => list,
+            None => match self.engine.readdir(tx, self.obj(ino)) {
+                Ok(list) => {
+                    let list = Arc::new(list);
+                    if let Some(d) = self.dirs.lock().get_mut(&fh.0) {
+                        d.1 = Some(list.clone());
+                    }
+                    list
+                }
+                Err(e) => return reply.error(errno(&e)),
+            },
+        };
         let mut i = offset as usize;
         loop {
             let full = match i {
