@@ -1,0 +1,182 @@
+"""What the part-B reliability checks share: a txfs mount of their own, the
+daemon's pid (is it alive? how big is it?), command-line options and the
+JSON result the runner `reliability/run` reads.
+
+Every check is `python3 reliability/<name>.py [--quick|--long] [--seed N]
+--json OUT.json`; it exits non-zero on a violation. The daemon is
+`$TXFS_BIN`, default `target/debug/txfs` (build: `cargo build -p txfs-fuse`).
+Temporary directories are made under `$TXFS_REL_TMP` (default: the system
+temp dir) with the prefix `txfs-rel-<check>-`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+
+import txfs  # noqa: E402  (the client package of this repository)
+
+MOUNT_TIMEOUT = 15.0
+
+
+def txfs_bin() -> str:
+    b = os.environ.get("TXFS_BIN") or os.path.join(ROOT, "target", "debug", "txfs")
+    if not os.path.exists(b):
+        sys.exit(f"txfs binary {b} not found: cargo build -p txfs-fuse (or set TXFS_BIN)")
+    return b
+
+
+def in_mountinfo(point: str) -> bool:
+    with open("/proc/self/mountinfo", encoding="latin-1") as f:
+        return any(len(l.split()) > 4 and l.split()[4] == point for l in f)
+
+
+class Mount:
+    """`txfs mount BACKING MNT -f` over fresh temp directories; a context
+    manager that always unmounts and stops the daemon it started."""
+
+    def __init__(self, check: str, backing: Optional[str] = None) -> None:
+        base = os.environ.get("TXFS_REL_TMP") or tempfile.gettempdir()
+        self.base = os.path.realpath(tempfile.mkdtemp(prefix=f"txfs-rel-{check}-", dir=base))
+        self.backing = backing or os.path.join(self.base, "backing")
+        self.mnt = os.path.join(self.base, "mnt")
+        self.log = os.path.join(self.base, "daemon.log")
+        os.makedirs(self.backing, exist_ok=True)
+        os.mkdir(self.mnt)
+        os.chmod(self.base, 0o755)
+        self.proc: Optional[subprocess.Popen] = None
+
+    def __enter__(self) -> "Mount":
+        self.start()
+        return self
+
+    def start(self) -> None:
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen(
+                [txfs_bin(), "mount", self.backing, self.mnt, "-f"],
+                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + MOUNT_TIMEOUT
+        while not in_mountinfo(self.mnt):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"txfs exited ({self.proc.returncode}) before mounting:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"txfs did not mount {self.mnt}:\n{self.log_tail()}")
+            time.sleep(0.02)
+        os.environ["TXFS_MOUNT"] = self.mnt
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and in_mountinfo(self.mnt)
+
+    def rss_kib(self) -> int:
+        """VmRSS of the daemon in KiB (0 if it is gone)."""
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return 0
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> bool:
+        """Unmount (checkpointing) and stop the daemon; whether it went cleanly."""
+        clean = True
+        if self.proc is None:
+            return True
+        if in_mountinfo(self.mnt) and self.proc.poll() is None:
+            r = subprocess.run([txfs_bin(), "umount", self.mnt], capture_output=True, timeout=120)
+            clean = r.returncode == 0
+        for cmd in (["fusermount3", "-u", self.mnt], ["umount", self.mnt], ["umount", "-l", self.mnt]):
+            if not in_mountinfo(self.mnt):
+                break
+            clean = False
+            subprocess.run(cmd, capture_output=True, timeout=30)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            clean = False
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        if self.proc.returncode not in (0, None):
+            clean = False
+        self.proc = None
+        return clean
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+        if not in_mountinfo(self.mnt):
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="the CI-sized run (default)")
+    mode.add_argument("--long", action="store_true", help="the thorough run")
+    p.add_argument("--seed", type=int, default=None, help="reproduce a run (default: random)")
+    p.add_argument("--json", metavar="OUT", default=None, help="write the result rows here")
+    args = p.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 2**31)
+    args.mode = "long" if args.long else "quick"
+    return args
+
+
+def command(script: str, args: argparse.Namespace, pinned_seed: bool = True) -> str:
+    """The exact command line that reproduces a row."""
+    parts = ["python3", f"reliability/{script}", f"--{args.mode}"]
+    if pinned_seed:
+        parts += ["--seed", str(args.seed)]
+    return shlex.join(parts)
+
+
+def row(check: str, level: str, tried: int, violations: int, data_lost: int, seconds: float, cmd: str) -> Dict[str, Any]:
+    return {
+        "check": check,
+        "level": level,
+        "tried": int(tried),
+        "violations": int(violations),
+        "data_lost": int(data_lost),
+        "seconds": round(float(seconds), 2),
+        "command": cmd,
+    }
+
+
+def finish(args: argparse.Namespace, rows: List[Dict[str, Any]], notes: List[str]) -> None:
+    """Write the JSON (if asked), print a summary; exit 1 on any violation."""
+    out = {"rows": rows, "notes": notes}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+            f.write("\n")
+    for r in rows:
+        print(f"{r['check']}: tried {r['tried']}, violations {r['violations']}, "
+              f"data lost {r['data_lost']}, {r['seconds']} s  ({r['command']})")
+    for n in notes:
+        print(f"note: {n}")
+    sys.exit(1 if any(r["violations"] or r["data_lost"] for r in rows) else 0)
