@@ -1,0 +1,747 @@
+"""The benchmark suite of issue 5: every workload native vs inside txfs.
+
+Run through bench/run (which builds the release daemon and the C drivers).
+Each trial is one subprocess (a C driver from bench/c or a Python sqlite3
+worker) that checks its own result and prints {"seconds", "ops"}; sides are
+alternated A/B/A/B... over the rounds; medians and spreads are reported.
+
+Counters per trial: fsync-family calls of the workload's process tree and of
+the txfs daemon (LD_PRELOAD fsynccount.so; the daemon's are the syncs that
+reach the disk), bytes written by the process tree (rusage ru_oublock, i.e.
+/proc/PID/io write_bytes of reaped children) plus the daemon's write_bytes,
+and the backing device's sectors written (/proc/diskstats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import time
+import resource
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "clients", "python"))
+import txfs  # noqa: E402
+
+PY = sys.executable
+SQL = os.path.join(HERE, "sqlite_work.py")
+
+QUICK = dict(
+    rounds=1, big_rounds=1,
+    w1=(2, 300), w2=(200, 4096), w3=1, w4=(2000, 1, 1000), w5=(2000, 10, 1024), w6=(100, 50),
+    w7=1000, w8=dict(stat=20000, files=1000, mb=64, rand=2000), w9=(300, 100), w10=(64, 64),
+    w11=(30, 1000, 100), w12=dict(sizes=((1, 100), (10, 50), (100, 10)), rm=1000), w13=((2, 4, 8), 8),
+)
+FULL = dict(
+    rounds=5, big_rounds=3,
+    w1=(2, 5000), w2=(2000, 4096), w3=10, w4=(20000, 3, 10000), w5=(100000, 200, 1024), w6=(1000, 500),
+    w7=20000, w8=dict(stat=200000, files=10000, mb=1024, rand=20000), w9=(2000, 500), w10=(2048, 1024),
+    w11=(300, 10000, 2000), w12=dict(sizes=((1, 1000), (10, 300), (100, 50)), rm=20000), w13=((2, 4, 8), 256),
+)
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def sh(*argv, check=True, **kw):
+    return subprocess.run([str(a) for a in argv], check=check, **kw)
+
+
+class Counters:
+    """Syncs, bytes written and disk sectors; snapshot() before and after a trial."""
+
+    def __init__(self, root: str) -> None:
+        st = os.stat(root)
+        self.dev = (os.major(st.st_dev), os.minor(st.st_dev))
+        self.daemon_pid = None
+        self.daemon_sync_file = None
+
+    def disk_bytes(self) -> int:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                p = line.split()
+                if (int(p[0]), int(p[1])) == self.dev:
+                    return int(p[9]) * 512
+        return 0
+
+    @staticmethod
+    def syncs(path) -> int:
+        try:
+            with open(path, "rb") as f:
+                return sum(struct.unpack("4Q", f.read(32)))
+        except (OSError, struct.error):
+            return 0
+
+    def daemon_write_bytes(self) -> int:
+        if not self.daemon_pid:
+            return 0
+        try:
+            with open(f"/proc/{self.daemon_pid}/io") as f:
+                for line in f:
+                    if line.startswith("write_bytes:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return 0
+
+    def snapshot(self) -> dict:
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return dict(
+            disk=self.disk_bytes(), app_bytes=ru.ru_oublock * 512, daemon_bytes=self.daemon_write_bytes(),
+            daemon_syncs=self.syncs(self.daemon_sync_file) if self.daemon_sync_file else 0,
+        )
+
+
+class Mount:
+    """A txfs daemon in the foreground (so its pid is ours), logging at warn."""
+
+    def __init__(self, ctx, backing: str, point: str) -> None:
+        self.ctx, self.backing, self.point = ctx, backing, point
+        os.makedirs(backing, exist_ok=True)
+        os.makedirs(point, exist_ok=True)
+        self.sync_file = backing + ".syncs"
+        env = dict(os.environ, TXFS_LOG="warn", LD_PRELOAD=ctx.shim, BENCH_FSYNC_FILE=self.sync_file)
+        self.logf = open(backing + ".log", "ab")
+        self.proc = subprocess.Popen([ctx.txfs, "mount", "-f", backing, point], env=env,
+                                     stdout=self.logf, stderr=self.logf)
+        deadline = time.time() + 60
+        while not self.mounted():
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"txfs mount failed, see {backing}.log")
+            time.sleep(0.05)
+        ctx.mounts.append(self)
+
+    def mounted(self) -> bool:
+        with open("/proc/self/mounts") as f:
+            return any(line.split()[1] == self.point for line in f)
+
+    def vm_hwm_kib(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+        return 0
+
+    def reset_hwm(self) -> None:
+        with open(f"/proc/{self.proc.pid}/clear_refs", "w") as f:
+            f.write("5")
+
+    def umount(self) -> None:
+        if self in self.ctx.mounts:
+            self.ctx.mounts.remove(self)
+        if self.proc.poll() is None:
+            sh(self.ctx.txfs, "umount", self.point, check=False)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.mounted():
+            sh("umount", "-l", self.point, check=False)
+
+
+class Ctx:
+    def __init__(self, args) -> None:
+        self.args = args
+        self.cfg = QUICK if args.quick else FULL
+        self.root = args.root
+        self.txfs = args.txfs
+        self.drivers = args.drivers
+        self.shim = args.shim
+        self.passthrough = args.passthrough
+        self.mounts: list[Mount] = []
+        self.rows: list[dict] = []
+        self.notes: list[str] = []
+        self.native = os.path.join(self.root, "native")
+        self.scratch = os.path.join(self.root, "scratch")
+        os.makedirs(self.native)
+        os.makedirs(self.scratch)
+        self.counters = Counters(self.root)
+        self.tag = args.tag
+        self.mnt = f"/tmp/bench-{self.tag}-mnt"
+        self.main = Mount(self, os.path.join(self.root, "backing"), self.mnt)
+        self.counters.daemon_pid = self.main.proc.pid
+        self.counters.daemon_sync_file = self.main.sync_file
+
+    def fresh(self, side_dir: str) -> str:
+        if os.path.exists(side_dir):
+            shutil.rmtree(side_dir)
+        os.makedirs(side_dir)
+        return side_dir
+
+    def workdir(self, side: str, name: str) -> str:
+        base = self.mnt if side.startswith("txfs") or side == "vfs" else self.native
+        if side == "passthrough_ll":
+            base = self.pt_mnt
+        return os.path.join(base, name)
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def trial(ctx: Ctx, argv: list, env_extra: dict | None = None, cwd: str | None = None, drop=False) -> dict:
+    """One measured subprocess; returns its JSON plus the counters' deltas."""
+    os.sync()
+    if drop:
+        drop_caches()
+    sync_file = os.path.join(ctx.root, "app.syncs")
+    if os.path.exists(sync_file):
+        os.unlink(sync_file)
+    env = dict(os.environ, LD_PRELOAD=ctx.shim, BENCH_FSYNC_FILE=sync_file, TXFS_MOUNT=ctx.mnt)
+    env.update(env_extra or {})
+    before = ctx.counters.snapshot()
+    t0 = time.perf_counter()
+    p = subprocess.run([str(a) for a in argv], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    after = ctx.counters.snapshot()
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv))} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    out = json.loads(lines[-1]) if lines else {"seconds": wall, "ops": 1}
+    out.update({k: after[k] - before[k] for k in after})
+    out["app_syncs"] = Counters.syncs(sync_file)
+    return out
+
+
+def compare(ctx: Ctx, sides: dict, rounds: int | None = None) -> dict:
+    """sides: name -> fn() returning a trial result. Alternates the order every round."""
+    rounds = rounds or ctx.cfg["rounds"]
+    names = list(sides)
+    res: dict = {n: [] for n in names}
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for n in order:
+            res[n].append(sides[n]())
+    return res
+
+
+def per_op(trials: list) -> tuple:
+    xs = [t["seconds"] / max(t["ops"], 1) for t in trials]
+    med = statistics.median(xs)
+    spread = (max(xs) - min(xs)) / med if med and len(xs) > 1 else 0.0
+    return med, spread
+
+
+def add_row(ctx: Ctx, wid: str, label: str, res: dict, base: str, cand: str, target: float | None,
+            target_text: str, seed: str, unit: str = "us", extra: dict | None = None) -> None:
+    """A table row: cand vs base, ratio = base time per op / cand time per op (higher is better)."""
+    b, bs = per_op(res[base])
+    c, cs = per_op(res[cand])
+    ratio = b / c if c else float("nan")
+
+    def syncs_per_op(trials, side):
+        n = sum(t["ops"] for t in trials)
+        disk = sum(t["app_syncs"] + (t["daemon_syncs"] if side.startswith("txfs") or side == "vfs" else 0) for t in trials)
+        return disk / n
+
+    def bytes_per_op(trials, side):
+        n = sum(t["ops"] for t in trials)
+        own = sum(t["app_bytes"] + (t["daemon_bytes"] if side.startswith("txfs") or side == "vfs" else 0) for t in trials)
+        return own / n, sum(t["disk"] for t in trials) / n
+
+    scale = {"us": 1e6, "ms": 1e3, "s": 1}[unit]
+    row = dict(
+        id=wid, label=label, base=base, cand=cand, base_val=b * scale, cand_val=c * scale, unit=unit,
+        base_spread=bs, cand_spread=cs, ratio=ratio, target=target, target_text=target_text, seed=seed,
+        met=None if target is None else ratio >= target,
+        base_syncs=syncs_per_op(res[base], base), cand_syncs=syncs_per_op(res[cand], cand),
+        base_bytes=bytes_per_op(res[base], base), cand_bytes=bytes_per_op(res[cand], cand),
+        rounds=len(res[base]), conflicts=sum(t.get("conflicts", 0) for t in res[cand]),
+    )
+    row.update(extra or {})
+    ctx.rows.append(row)
+    log(f"{wid} {label}: {base} {row['base_val']:.1f}{unit}/op, {cand} {row['cand_val']:.1f}{unit}/op, ratio {ratio:.2f}")
+
+
+def drv(ctx: Ctx, *args):
+    return [ctx.drivers, *args]
+
+
+# ---- the workloads ----------------------------------------------------------
+def w1(ctx: Ctx) -> None:
+    threads, n = ctx.cfg["w1"]
+    res = compare(ctx, {
+        "native": lambda: trial(ctx, drv(ctx, "createunlink", "native", ctx.fresh(ctx.workdir("native", "w1")), threads, n)),
+        "txfs": lambda: trial(ctx, drv(ctx, "createunlink", "txfs", ctx.fresh(ctx.workdir("txfs", "w1")), threads, n)),
+    })
+    add_row(ctx, "W1", f"create/unlink/fsync(dir), {threads} threads", res, "native", "txfs", 1.5, "≥ 1.5×", "133×")
+
+
+def w2(ctx: Ctx) -> None:
+    n, size = ctx.cfg["w2"]
+    res = compare(ctx, {
+        "native": lambda: trial(ctx, drv(ctx, "logproto", "native", ctx.fresh(ctx.workdir("native", "w2")), n, size, "log")),
+        "txfs": lambda: trial(ctx, drv(ctx, "logproto", "txfs", ctx.fresh(ctx.workdir("txfs", "w2")), n, size, "log")),
+        "txfs-nolog": lambda: trial(ctx, drv(ctx, "logproto", "txfs", ctx.fresh(ctx.workdir("txfs", "w2")), n, size, "nolog")),
+    })
+    add_row(ctx, "W2", "logging protocol (Fig. 1b) in a transaction", res, "native", "txfs", 1.5, "≥ 1.5×", "1.20×")
+    add_row(ctx, "W2", "same update, log dropped", res, "native", "txfs-nolog", 2.0, "≥ 2×", "—")
+
+
+def w3(ctx: Ctx) -> None:
+    mb = ctx.cfg["w3"]
+    res = compare(ctx, {
+        "native": lambda: trial(ctx, drv(ctx, "ordering", "native", ctx.fresh(ctx.workdir("native", "w3")), mb)),
+        "txfs": lambda: trial(ctx, drv(ctx, "ordering", "txfs", ctx.fresh(ctx.workdir("txfs", "w3")), mb)),
+    })
+    add_row(ctx, "W3", f"ordering: 3×{mb} MB new files, then {mb} of {4 * mb} MB", res, "native", "txfs",
+            1.4, "≥ 1.4×", "1.38×", unit="ms")
+
+
+def vfs_available() -> bool:
+    return os.path.exists(os.path.join(REPO, "clients", "sqlite", "txfs_vfs.so"))
+
+
+def sqlite_sides(ctx: Ctx, make) -> dict:
+    """make(mode, side_dir) -> argv; the template copy is done by make too."""
+    sides = {}
+    for mode in ("delete", "truncate", "wal"):
+        sides[mode] = (lambda m=mode: make(m, ctx.fresh(ctx.workdir("native", f"sq-{m}"))))
+    sides["txfs"] = lambda: make("txfs", ctx.fresh(ctx.workdir("txfs", "sq-txfs")))
+    if vfs_available():
+        sides["vfs"] = lambda: make("vfs", ctx.fresh(ctx.workdir("txfs", "sq-vfs")))
+    return sides
+
+
+def w4(ctx: Ctx) -> None:
+    rows, ntx, per_tx = ctx.cfg["w4"]
+    tmpl = os.path.join(ctx.scratch, "w4.db")
+    sh(PY, SQL, "populate-w4", tmpl, rows)
+    for op in ("insert", "update"):
+        def make(mode, d, op=op):
+            db = os.path.join(d, "t.db")
+            shutil.copyfile(tmpl, db)
+            return trial(ctx, [PY, SQL, "w4", mode, db, op, ntx, per_tx])
+        res = compare(ctx, sqlite_sides(ctx, make))
+        if op == "update":
+            add_row(ctx, "W4", "SQLite 1 KB updates vs rollback (DELETE)", res, "delete", "txfs", 1.3, "≥ 1.3×", "1.31×")
+            add_row(ctx, "W4", "SQLite 1 KB updates vs TRUNCATE", res, "truncate", "txfs", None, "—", "—")
+            add_row(ctx, "W4", "SQLite 1 KB updates vs WAL", res, "wal", "txfs", 1.0, "≥ 1.0×", "—")
+        else:
+            add_row(ctx, "W4", "SQLite 1 KB inserts vs rollback (DELETE)", res, "delete", "txfs", 0.95, "≥ 0.95×", "0.95×")
+            add_row(ctx, "W4", "SQLite 1 KB inserts vs TRUNCATE", res, "truncate", "txfs", None, "—", "—")
+            add_row(ctx, "W4", "SQLite 1 KB inserts vs WAL", res, "wal", "txfs", None, "—", "—")
+        if "vfs" in res:
+            add_row(ctx, "W4", f"SQLite 1 KB {op}s, txfs VFS vs DELETE", res, "delete", "vfs", None, "—", "—")
+
+
+def w5(ctx: Ctx) -> None:
+    rows, n, kb = ctx.cfg["w5"]
+    tmpl = os.path.join(ctx.scratch, "w5.db")
+    sh(PY, SQL, "populate-w5", tmpl, rows)
+
+    def make(mode, d):
+        shutil.copyfile(tmpl, os.path.join(d, "mail.db"))
+        return trial(ctx, [PY, SQL, "w5", mode, d, n, kb])
+    sides = sqlite_sides(ctx, make)
+    sides.pop("truncate")
+    res = compare(ctx, sides)
+    add_row(ctx, "W5", f"Android Mail: {kb} KiB attachment + row vs rollback", res, "delete", "txfs", 2.0, "≥ 2×", "2.31×", unit="ms")
+    add_row(ctx, "W5", f"Android Mail: {kb} KiB attachment + row vs WAL", res, "wal", "txfs", 1.5, "≥ 1.5×", "1.98×", unit="ms")
+
+
+def w6(ctx: Ctx) -> None:
+    rows, n = ctx.cfg["w6"]
+    tmpl = ctx.fresh(os.path.join(ctx.scratch, "w6"))
+    sh(PY, SQL, "populate-w6", tmpl, rows)
+
+    def make(mode, d):
+        for f in os.listdir(tmpl):
+            shutil.copyfile(os.path.join(tmpl, f), os.path.join(d, f))
+        return trial(ctx, [PY, SQL, "w6", mode, d, 2, n])
+    sides = sqlite_sides(ctx, make)
+    sides.pop("truncate")
+    res = compare(ctx, sides)
+    add_row(ctx, "W6", "2 threads × 12 DBs: read → SHA-256 → insert, vs rollback", res, "delete", "txfs", 2.0, "≥ 2×", "3.3×")
+    add_row(ctx, "W6", "same, vs WAL", res, "wal", "txfs", None, "—", "—")
+
+
+def populate_files(d: str, n: int) -> None:
+    for i in range(n):
+        os.close(os.open(os.path.join(d, f"f{i:05d}"), os.O_WRONLY | os.O_CREAT, 0o644))
+
+
+def w7(ctx: Ctx) -> None:
+    n = ctx.cfg["w7"]
+
+    def run(side):
+        d = ctx.fresh(ctx.workdir(side, "w7"))
+        populate_files(d, n)
+        sh("git", "init", "-q", d)
+        argv = ["git", "add", "-A"] if side == "native" else [ctx.txfs, "run", "--mount", ctx.mnt, "--", "git", "add", "-A"]
+        out = trial(ctx, argv, cwd=d)
+        out["ops"] = n
+        listed = subprocess.run(["git", "ls-files"], cwd=d, stdout=subprocess.PIPE, text=True, check=True).stdout.split()
+        if len(listed) != n:
+            raise RuntimeError(f"git add: {len(listed)} files in the index, want {n}")
+        return out
+    res = compare(ctx, {"native": lambda: run("native"), "txfs": lambda: run("txfs")})
+    add_row(ctx, "W7", f"git add -A of {n} empty files (txfs run)", res, "native", "txfs", 0.5, "≤ 2× time", "1.0×")
+
+
+def start_passthrough(ctx: Ctx) -> subprocess.Popen | None:
+    if not ctx.passthrough:
+        ctx.notes.append("W8: passthrough_ll was not built (libfuse3-dev missing); its column is empty.")
+        return None
+    src = os.path.join(ctx.root, "pt-src")
+    os.makedirs(src)
+    ctx.pt_mnt = f"/tmp/bench-{ctx.tag}-pt"
+    os.makedirs(ctx.pt_mnt, exist_ok=True)
+    p = subprocess.Popen([ctx.passthrough, "-f", "-o", f"source={src}", ctx.pt_mnt],
+                         stdout=subprocess.DEVNULL, stderr=open(src + ".log", "wb"))
+    deadline = time.time() + 30
+    while True:
+        with open("/proc/self/mounts") as f:
+            if any(line.split()[1] == ctx.pt_mnt for line in f):
+                break
+        if p.poll() is not None or time.time() > deadline:
+            raise RuntimeError("passthrough_ll did not mount")
+        time.sleep(0.05)
+    return p
+
+
+def w8(ctx: Ctx) -> None:
+    c = ctx.cfg["w8"]
+    pt = start_passthrough(ctx)
+    try:
+        sides = ["native", "txfs"] + (["passthrough_ll"] if pt else [])
+        dirs = {s: ctx.fresh(ctx.workdir(s, "w8")) for s in sides}
+
+        def mode(s):
+            return "txfs" if s == "txfs" else "native"
+
+        def sub(name, argv_tail, drop=False, ops_label=""):
+            res = compare(ctx, {s: (lambda s=s: trial(ctx, drv(ctx, name, "native", dirs[s], *argv_tail), drop=drop)) for s in sides})
+            return res
+        specs = [
+            ("stat", (c["stat"],), False, f"stat of a hot file ×{c['stat']}", 1 / 1.5, "≤ 1.5× time", "us"),
+            ("createunlink1", (c["files"],), False, f"create + unlink of {c['files']} files", None, "≥ passthrough_ll", "us"),
+            ("seqwrite", (c["mb"],), False, f"sequential write {c['mb']} MiB + fsync (per MiB)", 0.7, "≥ 0.7×", "ms"),
+            ("seqread", (c["mb"],), True, f"sequential read {c['mb']} MiB, cold (per MiB)", 0.7, "≥ 0.7×", "ms"),
+            ("randread", (c["rand"], c["mb"]), True, f"4 KiB random reads ×{c['rand']}, cold", None, "≥ passthrough_ll", "us"),
+        ]
+        for name, tail, drop, label, target, ttext, unit in specs:
+            res = sub(name, tail, drop)
+            extra = {}
+            if pt:
+                pb, _ = per_op(res["native"])
+                pp, _ = per_op(res["passthrough_ll"])
+                tc, _ = per_op(res["txfs"])
+                extra = {"pt_ratio": pb / pp, "vs_pt": pp / tc}
+            add_row(ctx, "W8", label, res, "native", "txfs", target, ttext, "—", unit=unit, extra=extra)
+    finally:
+        if pt:
+            sh("fusermount3", "-u", ctx.pt_mnt, check=False)
+            try:
+                pt.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pt.kill()
+
+
+def w9(ctx: Ctx) -> None:
+    n1, n8 = ctx.cfg["w9"]
+    res = compare(ctx, {
+        "native": lambda: trial(ctx, drv(ctx, "commit4k", "native", ctx.fresh(ctx.workdir("native", "w9")), 1, n1)),
+        "txfs": lambda: trial(ctx, drv(ctx, "commit4k", "txfs", ctx.fresh(ctx.workdir("txfs", "w9")), 1, n1)),
+    })
+    add_row(ctx, "W9", "4 KiB durable commit vs pwrite + fdatasync (latency)", res, "native", "txfs", 1 / 1.5, "≤ 1.5× latency", "—")
+    res8 = compare(ctx, {
+        "txfs-1": lambda: trial(ctx, drv(ctx, "commit4k", "txfs", ctx.fresh(ctx.workdir("txfs", "w9")), 1, n8)),
+        "txfs-8": lambda: trial(ctx, drv(ctx, "commit4k", "txfs", ctx.fresh(ctx.workdir("txfs", "w9")), 8, n8)),
+        "native-8": lambda: trial(ctx, drv(ctx, "commit4k", "native", ctx.fresh(ctx.workdir("native", "w9")), 8, n8)),
+    })
+    add_row(ctx, "W9", "8 committers vs 1 (group commit, commits/s)", res8, "txfs-1", "txfs-8", 3.0, "≥ 3×", "—")
+    add_row(ctx, "W9", "8 committers: txfs vs 8 native pwrite + fdatasync", res8, "native-8", "txfs-8", None, "—", "—")
+
+
+def w10(ctx: Ctx) -> None:
+    mb, rec_mb = ctx.cfg["w10"]
+    m = Mount(ctx, os.path.join(ctx.root, "backing-big"), f"/tmp/bench-{ctx.tag}-big")
+    saved = (ctx.counters.daemon_pid, ctx.counters.daemon_sync_file, ctx.mnt)
+    ctx.counters.daemon_pid, ctx.counters.daemon_sync_file, ctx.mnt = m.proc.pid, m.sync_file, m.point
+    hwm = []
+    try:
+        def txside():
+            m.reset_hwm()
+            f = os.path.join(m.point, "big")
+            if os.path.exists(f):
+                os.unlink(f)
+            out = trial(ctx, drv(ctx, "bigtx", "txfs", m.point, mb, "big"))
+            hwm.append(m.vm_hwm_kib())
+            return out
+
+        def native():
+            f = os.path.join(ctx.native, "big")
+            if os.path.exists(f):
+                os.unlink(f)
+            return trial(ctx, drv(ctx, "bigtx", "native", ctx.native, mb, "big"))
+        res = compare(ctx, {"native": native, "txfs": txside}, rounds=ctx.cfg["big_rounds"] if not ctx.args.quick else 1)
+        os.unlink(os.path.join(m.point, "big"))
+        os.unlink(os.path.join(ctx.native, "big"))
+        peak = max(hwm) / 1024
+        add_row(ctx, "W10", f"{mb} MiB in one transaction vs write + fsync (per MiB)", res, "native", "txfs", None,
+                "commits; RSS ≤ 256 MiB", "—", unit="ms",
+                extra={"note": f"daemon peak RSS {peak:.0f} MiB ({'meets' if peak <= 256 else 'misses'} ≤ 256 MiB)"})
+        ctx.notes.append(f"W10: daemon peak RSS (VmHWM) during the {mb} MiB transaction: {peak:.0f} MiB (target ≤ 256 MiB).")
+        # recovery: overwrite an existing file in one transaction, SIGKILL the daemon right after commit
+        victim = os.path.join(m.point, "victim")
+        trial(ctx, drv(ctx, "bigtx", "native", m.point, rec_mb, "victim"))  # plain write: the file exists, committed
+        trial(ctx, drv(ctx, "bigtx", "txfs", m.point, rec_mb, "victim", m.proc.pid))
+        m.proc.wait(timeout=60)
+        sh("umount", "-l", m.point, check=False)
+        meta = os.path.join(m.backing, ".txfs")
+        jbytes = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(meta) for f in fs)
+
+        def recover():
+            t0 = time.perf_counter()
+            sh(ctx.txfs, "recover", m.backing, stdout=subprocess.DEVNULL, env=dict(os.environ, TXFS_LOG="warn"))
+            return {"seconds": time.perf_counter() - t0, "ops": rec_mb}
+        rec = trial_wrap(ctx, recover)
+        with open(os.path.join(m.backing, "victim"), "rb") as f:
+            for off in range(0, rec_mb << 20, 1 << 20):
+                f.seek(off)
+                if f.read(4096) != b"B" * 4096:
+                    raise RuntimeError("recovery: the committed overwrite is not in the file")
+        ddf = os.path.join(ctx.native, "dd")
+        dd = trial(ctx, ["dd", "if=/dev/zero", f"of={ddf}", "bs=1M", f"count={rec_mb}", "conv=fdatasync", "status=none"])
+        dd["ops"] = rec_mb
+        os.unlink(ddf)
+        add_row(ctx, "W10", f"recovery of a {jbytes / 2**20:.0f} MiB journal vs dd {rec_mb} MiB conv=fdatasync", {"dd": [dd], "recover": [rec]},
+                "dd", "recover", 0.5, "≤ 2× time", "—", unit="ms")
+    finally:
+        ctx.counters.daemon_pid, ctx.counters.daemon_sync_file, ctx.mnt = saved
+        m.umount()
+
+
+def trial_wrap(ctx: Ctx, fn) -> dict:
+    os.sync()
+    before = ctx.counters.snapshot()
+    out = fn()
+    after = ctx.counters.snapshot()
+    out.update({k: after[k] - before[k] for k in after})
+    out["app_syncs"] = 0
+    return out
+
+
+def w11(ctx: Ctx) -> None:
+    customers, items, n = ctx.cfg["w11"]
+    tmpl = os.path.join(ctx.scratch, "tpcc.db")
+    sh(PY, SQL, "populate-tpcc", tmpl, customers, items)
+
+    def make(mode, d):
+        db = os.path.join(d, "tpcc.db")
+        shutil.copyfile(tmpl, db)
+        return trial(ctx, [PY, SQL, "tpcc", mode, db, n])
+    sides = sqlite_sides(ctx, make)
+    sides.pop("truncate")
+    res = compare(ctx, sides)
+    add_row(ctx, "W11", f"TPC-C mix, 1 warehouse ({customers} customers/district, {items} items) vs rollback", res,
+            "delete", "txfs", 1.3, "≥ 1.3×", "1.61×", unit="ms")
+    add_row(ctx, "W11", "TPC-C mix vs WAL", res, "wal", "txfs", None, "—", "—", unit="ms")
+
+
+def w12(ctx: Ctx) -> None:
+    c = ctx.cfg["w12"]
+    for k, n in c["sizes"]:
+        res = compare(ctx, {
+            "native": lambda: trial(ctx, drv(ctx, "faust", "native", ctx.fresh(ctx.workdir("native", "w12")), k, n)),
+            "txfs": lambda: trial(ctx, drv(ctx, "faust", "txfs", ctx.fresh(ctx.workdir("txfs", "w12")), k, n)),
+        })
+        add_row(ctx, "W12", f"{k} × 4 KiB writes per transaction vs + fsync", res, "native", "txfs", 1 / 1.5, "≤ 1.5× time", "Faust T4.3")
+    rm = c["rm"]
+    res = compare(ctx, {
+        "native": lambda: trial(ctx, drv(ctx, "rmfiles", "native", ctx.fresh(ctx.workdir("native", "w12")), rm)),
+        "txfs": lambda: trial(ctx, drv(ctx, "rmfiles", "txfs", ctx.fresh(ctx.workdir("txfs", "w12")), rm)),
+    })
+    add_row(ctx, "W12", f"remove {rm} files in one transaction vs unlink + fsync(dir)", res, "native", "txfs", 1 / 1.5, "≤ 1.5× time", "Faust T4.4")
+
+
+def w13(ctx: Ctx) -> None:
+    procs, mb = ctx.cfg["w13"]
+    for p in procs:
+        res = compare(ctx, {
+            "native": lambda: trial(ctx, drv(ctx, "valor", "native", ctx.fresh(ctx.workdir("native", "w13")), p, mb)),
+            "txfs": lambda: trial(ctx, drv(ctx, "valor", "txfs", ctx.fresh(ctx.workdir("txfs", "w13")), p, mb)),
+        }, rounds=ctx.cfg["big_rounds"])
+        for side in res.values():
+            for t in side:
+                t["ops"] = t.get("mb", p * mb)  # per MiB written
+        add_row(ctx, "W13", f"{p} processes each overwriting {mb} MiB (per MiB)", res, "native", "txfs", 0.5, "≥ 0.5×",
+                "Valor: 0.33–0.43×", unit="ms")
+
+
+WORKLOADS = {f"W{i}": f for i, f in enumerate([w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13], 1)}
+
+
+# ---- the report ---------------------------------------------------------------
+def machine() -> str:
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    cpu = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, kernel {platform.release()}"
+
+
+def disk_desc(root: str) -> str:
+    st = os.stat(root)
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    name, fstype = "?", "?"
+    with open("/proc/self/mountinfo") as f:
+        best = ""
+        for line in f:
+            p = line.split()
+            if p[2] == dev and root.startswith(p[4]) and len(p[4]) >= len(best):
+                best = p[4]
+                sep = p.index("-")
+                fstype, name = p[sep + 1], p[sep + 2]
+    return f"{name} ({fstype}, device {dev})"
+
+
+def fmt_bytes(b: float) -> str:
+    return f"{b / 1024:.1f}" if b < 10 * 2**20 else f"{b / 2**20:.0f} Mi"
+
+
+def write_report(ctx: Ctx, out_dir: str, elapsed: float) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "benchmarks.json"), "w") as f:
+        json.dump({"rows": ctx.rows, "notes": ctx.notes}, f, indent=1)
+    mode = "--quick (smoke-test sizes: the figures mean little)" if ctx.args.quick else "full"
+    L = [
+        "# Benchmarks",
+        "",
+        "Generated by `bench/run` — do not edit the tables by hand; the analysis below them comes from "
+        "`bench/NOTES.md`.",
+        "",
+        f"- Machine: {machine()}; disk: {disk_desc(ctx.root)}; backing and native directories both under "
+        f"`{os.path.dirname(ctx.root)}` on that disk.",
+        f"- Run: {mode}, {ctx.cfg['rounds']} rounds (big workloads {ctx.cfg['big_rounds']}), sides alternated each round; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {elapsed / 60:.1f} min. Sizes are scaled to 2 cores / 24 GiB "
+        "(see `bench/bench.py`, `FULL`).",
+        "- **ratio** = baseline time per op ÷ txfs time per op: higher is better, > 1 means txfs is faster. "
+        "Targets phrased as \"≤ k× time\" are ratio ≥ 1/k.",
+        "- **syncs/op**: fsync-family calls that reach the disk (the native program's own; for txfs the daemon's, counted "
+        "by an LD_PRELOAD shim — the program's fsyncs into the mount are FUSE requests, not disk syncs). "
+        "**KiB/op**: bytes written by the program's processes plus, for txfs, the daemon (`write_bytes`); "
+        "**dev KiB/op**: the backing device's sectors written (/proc/diskstats; includes ext4's journal and "
+        "anything else the machine wrote meanwhile).",
+        "- Spread = (max − min) / median over the rounds.",
+        "",
+        "| # | workload | baseline | txfs | ratio | target | met | seed | syncs/op base → txfs | KiB/op base → txfs | dev KiB/op base → txfs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in ctx.rows:
+        met = "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        u = r["unit"]
+        L.append(
+            f"| {r['id']} | {r['label']}{' — ' + r['note'] if r.get('note') else ''} | {r['base']}: {r['base_val']:.1f} {u} ±{r['base_spread'] * 50:.0f}% "
+            f"| {r['cand']}: {r['cand_val']:.1f} {u} ±{r['cand_spread'] * 50:.0f}% | **{r['ratio']:.2f}×** | {r['target_text']} | {met} "
+            f"| {r['seed']} | {r['base_syncs']:.2f} → {r['cand_syncs']:.2f} | {fmt_bytes(r['base_bytes'][0])} → {fmt_bytes(r['cand_bytes'][0])} "
+            f"| {fmt_bytes(r['base_bytes'][1])} → {fmt_bytes(r['cand_bytes'][1])} |"
+        )
+    pt_rows = [r for r in ctx.rows if "pt_ratio" in r]
+    if pt_rows:
+        L += ["", "W8 against libfuse's `passthrough_ll` (built from Debian's libfuse3-dev examples, default options, same disk):", "",
+              "| operation | passthrough_ll vs native | txfs vs native | txfs vs passthrough_ll |", "|---|---|---|---|"]
+        for r in pt_rows:
+            L.append(f"| {r['label']} | {r['pt_ratio']:.2f}× | {r['ratio']:.2f}× | {r['vs_pt']:.2f}× |")
+    if ctx.notes:
+        L += ["", "Notes from this run:", ""] + [f"- {n}" for n in ctx.notes]
+    L += ["", "![ratios](benchmarks.png)", ""]
+    notes = os.path.join(HERE, "NOTES.md")
+    if os.path.exists(notes):
+        with open(notes) as f:
+            L += [f.read()]
+    with open(os.path.join(out_dir, "BENCHMARKS.md"), "w") as f:
+        f.write("\n".join(L))
+    chart(ctx, os.path.join(out_dir, "benchmarks.png"))
+
+
+def chart(ctx: Ctx, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib missing: no chart (the table is written)")
+        return
+    rows = ctx.rows
+    labels = [f"{r['id']} {r['label'][:48]}" for r in rows]
+    fig, ax = plt.subplots(figsize=(11, 0.34 * len(rows) + 1.5))
+    ys = range(len(rows))
+    colors = ["#2a9d8f" if r["met"] else ("#e76f51" if r["met"] is False else "#8d99ae") for r in rows]
+    ax.barh(list(ys), [r["ratio"] for r in rows], color=colors)
+    for y, r in zip(ys, rows):
+        if r["target"]:
+            ax.plot([r["target"], r["target"]], [y - 0.4, y + 0.4], color="black", lw=1.5)
+    ax.axvline(1.0, color="grey", ls="--", lw=0.8)
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("ratio: baseline time / txfs time (higher is better; black tick = target)")
+    ax.set_title("txfs vs the native protocol on the same disk (green: target met, red: missed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--tag", required=True)
+    ap.add_argument("--txfs", required=True)
+    ap.add_argument("--drivers", required=True)
+    ap.add_argument("--shim", required=True)
+    ap.add_argument("--passthrough", default="")
+    args = ap.parse_args()
+    only = [w.strip().upper() for w in args.only.split(",") if w.strip()]
+    for w in only:
+        if w not in WORKLOADS:
+            sys.exit(f"unknown workload {w} (W1..W13)")
+    t0 = time.time()
+    ctx = Ctx(args)
+    failed = []
+    try:
+        for wid, fn in WORKLOADS.items():
+            if only and wid not in only:
+                continue
+            log(f"{wid} ...")
+            w0 = time.time()
+            try:
+                fn(ctx)
+            except Exception as e:  # one workload's failure must not hide the others
+                failed.append(wid)
+                log(f"{wid} FAILED: {e}")
+                ctx.notes.append(f"{wid} failed: {str(e).splitlines()[0][:200]}")
+            log(f"{wid} done in {time.time() - w0:.1f} s")
+    finally:
+        for m in list(ctx.mounts):
+            m.umount()
+    write_report(ctx, args.out, time.time() - t0)
+    log(f"wrote {args.out}/BENCHMARKS.md ({len(ctx.rows)} rows) in {time.time() - t0:.0f} s")
+    if failed:
+        sys.exit(f"workloads failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    main()
