@@ -1,0 +1,747 @@
+/* txfs_vfs.c — the SQLite "txfs" VFS: the porting thesis's FS journal mode
+ * (seeds/txfs-porting-sqlite-openldap-thesis.txt §6.1) as a loadable
+ * extension for stock SQLite.
+ *
+ *   .load /path/txfs_vfs                    (sqlite3 shell; Python: load_extension)
+ *   .open file:/mnt/tx/app.db?vfs=txfs
+ *
+ * Each SQLite write transaction is one txfs transaction: no rollback journal,
+ * no WAL, no fsync, no file locks. The ioctl protocol is clients/c/txfs.h,
+ * issued on the database's own descriptor (so the database names the mount).
+ *
+ * ---- How SQLite's locks map to txfs transactions -------------------------
+ *
+ *   xLock NONE->SHARED       BEGIN: a read snapshot (one txfs nesting level)
+ *   xLock ->EXCLUSIVE        SQLITE_BUSY while another connection of this
+ *                            thread holds a level of its own (V3)
+ *   FCNTL_SYNC (commit)      COMMIT: the durability point (V1)
+ *   xUnlock ->SHARED         a write transaction ended; no commit seen and
+ *                            file written: ABORT (undoes the writes, V4)
+ *   xUnlock ->NONE           end of the level: ABORT if read-only outermost,
+ *                            COMMIT (= leave one nesting level) otherwise
+ *
+ * V1  The commit point is SQLITE_FCNTL_SYNC, which the pager sends in
+ *     sqlite3PagerCommitPhaseOne after writing every dirty page, whatever
+ *     PRAGMA synchronous says. A failure there makes vdbeHalt roll the whole
+ *     SQLite transaction back; we report conflicts as SQLITE_BUSY_SNAPSHOT
+ *     (primary code SQLITE_BUSY) and not plain SQLITE_BUSY, because a plain
+ *     BUSY from COMMIT keeps the SQLite transaction open for a retry of
+ *     COMMIT alone, which would write pages computed from a lost snapshot.
+ * V2  journal_mode=OFF and cache_spill=OFF are set on every connection whose
+ *     main database uses this VFS (an auto-extension), and PRAGMAs that would
+ *     undo them are refused (SQLITE_FCNTL_PRAGMA). With cache_spill off, no
+ *     page reaches the file before the commit, so ROLLBACK has nothing to
+ *     undo in the file; the pager in journal_mode=OFF drops its cache after a
+ *     ROLLBACK (its ERROR state), so the next transaction re-reads the file.
+ *     Journal and WAL files are never opened (xOpen refuses them).
+ * V3  A txfs transaction belongs to a thread; nesting flattens. If the
+ *     application (or `txfs run`) already had a transaction open when a
+ *     connection began its level, the connection joins it: its commits only
+ *     leave their level and the application's commit decides. Otherwise the
+ *     first level on the thread is the outermost, and a write may commit only
+ *     while it is the thread's sole level (else SQLITE_BUSY, as rollback-journal
+ *     SQLite answers a writer while another connection holds SHARED).
+ * V4  A cache change is trusted only within one snapshot. When a level ends
+ *     while SQLite keeps its SHARED lock (another statement still reading)
+ *     and a new level begins, the file change counter (bytes 24..39) is
+ *     compared with the one this connection last saw: a difference means the
+ *     page cache may be stale, and the operation fails with BUSY_SNAPSHOT.
+ */
+#define _GNU_SOURCE
+#include <sqlite3ext.h>
+SQLITE_EXTENSION_INIT1
+
+#include "txfs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#ifndef FUSE_SUPER_MAGIC
+#define FUSE_SUPER_MAGIC 0x65735546
+#endif
+
+#define TXFS_VFS_NAME "txfs"
+/* What a lost conflict looks like to SQLite (V1). */
+#define TXFS_SQLITE_CONFLICT SQLITE_BUSY_SNAPSHOT
+
+/* The database files this VFS opens itself. */
+typedef struct TxfsFile {
+    sqlite3_file base;
+    int fd;
+    const char *path;
+    int lock;              /* SQLite lock level as reported to SQLite */
+    unsigned commit_flags; /* 0 (durable) or TXFS_COMMIT_ORDERED */
+    int in_level;          /* holds one nesting level of the thread's tx */
+    unsigned gen;          /* tls.gen when the level began */
+    pid_t tid;             /* thread that began the level */
+    int wrote;             /* wrote the file in the current write tx */
+    int committed;         /* the current write tx committed (V1) */
+    int doomed;            /* saw EDEADLK in the current level */
+    int have_vers;         /* vers holds the change counter last seen (V4) */
+    unsigned char vers[16];
+} TxfsFile;
+
+/* Per thread: the levels this VFS holds in the thread's txfs transaction. */
+static __thread struct {
+    pid_t tid;       /* guards against a forked child's copy */
+    int levels;      /* levels held by connections of this VFS */
+    int app;         /* the outermost level is the application's (V3) */
+    uint64_t app_tx; /* the application's transaction id */
+    unsigned gen;    /* bumped whenever the levels vanish together */
+} tls;
+
+static sqlite3_vfs *orig_vfs;
+static sqlite3_vfs txfs_vfs;
+
+static pid_t current_tid(void) { return (pid_t)syscall(SYS_gettid); }
+
+static void tls_sync(void)
+{
+    pid_t t = current_tid();
+    if (tls.tid != t) {
+        tls.tid = t;
+        tls.levels = 0;
+        tls.app = 0;
+        tls.gen++;
+    }
+}
+
+/* All levels of this thread are gone (aborted, or found missing). */
+static void tls_forget(void)
+{
+    tls.levels = 0;
+    tls.app = 0;
+    tls.gen++;
+}
+
+static int ioc(int fd, unsigned long cmd, void *arg)
+{
+    return ioctl(fd, cmd, arg) < 0 ? errno : 0;
+}
+
+static int ioc_flags(int fd, unsigned long cmd, unsigned flags)
+{
+    struct txfs_ioc_flags a = {.flags = flags, .reserved = 0};
+    return ioc(fd, cmd, &a);
+}
+
+static int ioc_state(int fd, struct txfs_ioc_state *st)
+{
+    memset(st, 0, sizeof *st);
+    return ioc(fd, TXFS_IOC_STATE, st);
+}
+
+static int level_valid(TxfsFile *f)
+{
+    tls_sync();
+    return f->in_level && f->gen == tls.gen && f->tid == tls.tid;
+}
+
+/* Begin this file's level (V3). */
+static int level_begin(TxfsFile *f)
+{
+    struct txfs_ioc_state st;
+    tls_sync();
+    int e = ioc_state(f->fd, &st);
+    if (e) {
+        sqlite3_log(SQLITE_IOERR_LOCK, "txfs: state ioctl on %s: %s", f->path, strerror(e));
+        return SQLITE_IOERR_LOCK;
+    }
+    if (tls.levels > 0 && (tls.app ? st.tx != tls.app_tx : st.tx == 0))
+        tls_forget(); /* the transaction our levels lived in ended under us */
+    if (tls.levels == 0) {
+        tls.app = st.tx != 0;
+        tls.app_tx = st.tx;
+    }
+    e = ioc_flags(f->fd, TXFS_IOC_BEGIN, 0);
+    if (e) {
+        if (e == TXFS_ECONFLICT)
+            return TXFS_SQLITE_CONFLICT;
+        sqlite3_log(SQLITE_IOERR_LOCK, "txfs: begin on %s: %s", f->path, strerror(e));
+        return SQLITE_IOERR_LOCK;
+    }
+    tls.levels++;
+    f->in_level = 1;
+    f->gen = tls.gen;
+    f->tid = tls.tid;
+    f->doomed = 0;
+    return SQLITE_OK;
+}
+
+/* Abort the thread's whole transaction (every level, the application's too). */
+static void abort_all(TxfsFile *f)
+{
+    (void)ioc_flags(f->fd, TXFS_IOC_ABORT, 0);
+    f->in_level = 0;
+    tls_forget();
+}
+
+/* End this file's level. commit: a write transaction's commit point (V1). */
+static int level_end(TxfsFile *f, int commit)
+{
+    if (!f->in_level)
+        return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
+    tls_sync();
+    if (f->gen != tls.gen || f->tid != tls.tid) {
+        f->in_level = 0; /* its transaction ended under it */
+        return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
+    }
+    if (tls.app) {
+        struct txfs_ioc_state st;
+        if (ioc_state(f->fd, &st) != 0 || st.tx != tls.app_tx || st.depth == 0) {
+            f->in_level = 0;
+            tls_forget();
+            return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
+        }
+    } else if (commit && tls.levels > 1) {
+        return SQLITE_BUSY; /* V3; xLock(EXCLUSIVE) normally caught it */
+    }
+    f->in_level = 0;
+    tls.levels--;
+    if (tls.app || tls.levels > 0) {
+        /* Leave one level; the outermost one decides (nested commit). */
+        int e = ioc_flags(f->fd, TXFS_IOC_COMMIT, 0);
+        if (e == TXFS_ECONFLICT)
+            return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
+        if (e) {
+            tls_forget();
+            return commit ? SQLITE_IOERR_FSYNC : SQLITE_OK;
+        }
+        return SQLITE_OK;
+    }
+    if (!commit) {
+        /* Outermost and read-only: abort, so no read set is validated. */
+        (void)ioc_flags(f->fd, TXFS_IOC_ABORT, 0);
+        return SQLITE_OK;
+    }
+    int e = ioc_flags(f->fd, TXFS_IOC_COMMIT, f->commit_flags);
+    if (e == 0)
+        return SQLITE_OK;
+    /* A failed outermost commit has ended the transaction; make sure. */
+    (void)ioc_flags(f->fd, TXFS_IOC_ABORT, 0);
+    if (e == TXFS_ECONFLICT)
+        return TXFS_SQLITE_CONFLICT;
+    sqlite3_log(SQLITE_IOERR_FSYNC, "txfs: commit of %s: %s", f->path, strerror(e));
+    if (e == ENOSPC || e == EFBIG)
+        return SQLITE_FULL;
+    return SQLITE_IOERR_FSYNC;
+}
+
+static int read_full(int fd, void *buf, int amt, sqlite3_int64 off, int *got)
+{
+    int n = 0;
+    while (n < amt) {
+        ssize_t r = pread(fd, (char *)buf + n, (size_t)(amt - n), off + n);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            *got = n;
+            return errno;
+        }
+        if (r == 0)
+            break;
+        n += (int)r;
+    }
+    *got = n;
+    return 0;
+}
+
+/* Remember the change counter (bytes 24..39) if [off, off+amt) covers it. */
+static void note_vers(TxfsFile *f, const void *buf, int amt, sqlite3_int64 off)
+{
+    if (off <= 24 && off + amt >= 40) {
+        memcpy(f->vers, (const char *)buf + (24 - off), 16);
+        f->have_vers = 1;
+    }
+}
+
+/* Make sure the file holds a valid level while SQLite holds a lock (V4). */
+static int ensure_level(TxfsFile *f)
+{
+    if (level_valid(f))
+        return SQLITE_OK;
+    f->in_level = 0;
+    int rc = level_begin(f);
+    if (rc != SQLITE_OK)
+        return rc;
+    if (f->have_vers) {
+        unsigned char now[16];
+        int got = 0;
+        int e = read_full(f->fd, now, 16, 24, &got);
+        if (e || got != 16 || memcmp(now, f->vers, 16) != 0) {
+            (void)level_end(f, 0);
+            return TXFS_SQLITE_CONFLICT;
+        }
+    }
+    return SQLITE_OK;
+}
+
+static int map_errno(TxfsFile *f, int e, int dflt)
+{
+    if (e == TXFS_ECONFLICT) {
+        f->doomed = 1;
+        return TXFS_SQLITE_CONFLICT;
+    }
+    if (e == ENOSPC || e == EFBIG)
+        return SQLITE_FULL;
+    return dflt;
+}
+
+/* A transaction is one thread's: refuse I/O from another thread inside it. */
+static int check_thread(TxfsFile *f)
+{
+    if (f->in_level && f->tid != current_tid()) {
+        sqlite3_log(SQLITE_MISUSE,
+                    "txfs: %s used from two threads within one transaction (a txfs transaction belongs to a thread)",
+                    f->path);
+        return SQLITE_MISUSE;
+    }
+    return SQLITE_OK;
+}
+
+/* ---- sqlite3_io_methods ------------------------------------------------ */
+
+static int txfs_close(sqlite3_file *pf)
+{
+    TxfsFile *f = (TxfsFile *)pf;
+    if (f->in_level && level_valid(f))
+        (void)level_end(f, 0);
+    close(f->fd);
+    f->fd = -1;
+    return SQLITE_OK;
+}
+
+static int txfs_read(sqlite3_file *pf, void *buf, int amt, sqlite3_int64 off)
+{
+    TxfsFile *f = (TxfsFile *)pf;
+    int rc = check_thread(f);
+    if (rc == SQLITE_OK && f->lock >= SQLITE_LOCK_SHARED)
+        rc = ensure_level(f);
+    if (rc != SQLITE_OK)
+        return rc;
+    int got = 0;
+    int e = read_full(f->fd, buf, amt, off, &got);
+    if (e)
+        return map_errno(f, e, SQLITE_IOERR_READ);
+    if (got < amt) {
+        memset((char *)buf + got, 0, (size_t)(amt - got));
+        return SQLITE_IOERR_SHORT_READ;
+    }
+    note_vers(f, buf, amt, off);
+    return SQLITE_OK;
+}
+
+static int txfs_write(sqlite3_file *pf, const void *buf, int amt, sqlite3_int64 off)
+{
+    TxfsFile *f = (TxfsFile *)pf;
+    int rc = check_thread(f);
+    if (rc == SQLITE_OK && f->lock >= SQLITE_LOCK_SHARED)
+        rc = ensure_level(f);
+    if (rc != SQLITE_OK)
+        return rc;
+    f->wrote = 1;
+    int n = 0;
+    while (n < amt) {
+        ssize_t w = pwrite(f->fd, (const char *)buf + n, (size_t)(amt - n), off + n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return map_errno(f, errno, SQLITE_IOERR_WRITE);
+        }
+        n += (int)w;
+    }
+    note_vers(f, buf, amt, off);
+    return SQLITE_OK;
+}
+
+static int txfs_truncate(sqlite3_file *pf, sqlite3_int64 size)
+{
+    TxfsFile *f = (TxfsFile *)pf;
+    int rc = check_thread(f);
+    if (rc != SQLITE_OK)
+        return rc;
+    /* Inside a level: part of the transaction. After the commit (the
+     * pager's shrink in commit phase two): a plain truncate, atomic on its
+     * own; a file longer than its header's page count is valid SQLite. */
+    if (level_valid(f))
+        f->wrote = 1;
+    if (ftruncate(f->fd, (off_t)size) != 0)
+        return map_errno(f, errno, SQLITE_IOERR_TRUNCATE);
+    return SQLITE_OK;
+}
+
+static int txfs_xsync(sqlite3_file *pf, int flags)
+{
+    (void)pf;
+    (void)flags;
+    return SQLITE_OK; /* the txfs commit is the durability point (V1) */
+}
+
+static int txfs_file_size(sqlite3_file *pf, sqlite3_int64 *size)
+{
+    TxfsFile *f = (TxfsFile *)pf;
+    int rc = check_thread(f);
+    if (rc == SQLITE_OK && f->lock >= SQLITE_LOCK_SHARED)
+        rc = ensure_level(f);
+    if (rc != SQLITE_OK)
+        return rc;
+    struct stat st;
+    if (fstat(f->fd, &st) != 0)
+        return map_errno(f, errno, SQLITE_IOERR_FSTAT);
+    *size = st.st_size;
+    return SQLITE_OK;
+}
+
+static int txfs_lock(sqlite3_file *pf, int level)
+{
+    TxfsFile *f = (TxfsFile *)pf;
+    if (level <= f->lock)
+        return SQLITE_OK;
+    int rc;
+    if (f->lock == SQLITE_LOCK_NONE) {
+        f->in_level = 0;
+        f->have_vers = 0; /* the pager re-validates its cache itself here */
+        rc = level_begin(f);
+        if (rc != SQLITE_OK)
+            return rc;
+        f->lock = SQLITE_LOCK_SHARED;
+    }
+    if (level >= SQLITE_LOCK_RESERVED && f->lock < SQLITE_LOCK_RESERVED) {
+        if ((rc = check_thread(f)) != SQLITE_OK || (rc = ensure_level(f)) != SQLITE_OK)
+            return rc;
+        f->wrote = 0;
+        f->committed = 0;
+    }
+    if (level == SQLITE_LOCK_EXCLUSIVE) {
+        if (!level_valid(f))
+            return TXFS_SQLITE_CONFLICT;
+        if (!tls.app && tls.levels > 1)
+            return SQLITE_BUSY; /* V3 */
+    }
+    f->lock = level;
+    return SQLITE_OK;
+}
+
+static int txfs_unlock(sqlite3_file *pf, int level)
+{
+    TxfsFile *f = (TxfsFile *)pf;
+    if (level >= f->lock)
+        return SQLITE_OK;
+    if (f->lock >= SQLITE_LOCK_RESERVED && level <= SQLITE_LOCK_SHARED) {
+        /* A write transaction ended. Without a commit, file writes must go:
+         * abort — unless the application's transaction is already doomed,
+         * whose own commit then fails with EDEADLK as it should (V2, V3). */
+        if (!f->committed && f->wrote && level_valid(f) && !(tls.app && f->doomed))
+            abort_all(f);
+        f->committed = 0;
+        f->wrote = 0;
+    }
+    if (level == SQLITE_LOCK_NONE)
+        (void)level_end(f, 0);
+    f->lock = level;
+    return SQLITE_OK;
+}
+
+static int txfs_check_reserved(sqlite3_file *pf, int *res)
+{
+    (void)pf;
+    *res = 0; /* no locks, hence never a hot journal */
+    return SQLITE_OK;
+}
+
+static int is_word(const char *s, const char *w) { return s && sqlite3_stricmp(s, w) == 0; }
+
+static int is_off(const char *v) { return is_word(v, "off") || is_word(v, "0") || is_word(v, "false") || is_word(v, "no"); }
+
+/* V2: refuse PRAGMAs that would bring back a journal, locks or spills. */
+static int txfs_pragma(TxfsFile *f, char **a)
+{
+    const char *name = a[1], *val = a[2];
+    const char *why = NULL;
+    if (is_word(name, "journal_mode") && val && !is_word(val, "off") && !is_word(val, "memory"))
+        why = "txfs: journal_mode stays OFF (each write transaction is a txfs transaction)";
+    else if (is_word(name, "locking_mode") && val && !is_word(val, "normal"))
+        why = "txfs: locking_mode=EXCLUSIVE would keep one txfs transaction open forever";
+    else if (is_word(name, "cache_spill") && val && !is_off(val))
+        why = "txfs: cache_spill stays OFF (no page may reach the file before the commit)";
+    else if (is_word(name, "txfs_commit")) {
+        if (val) {
+            if (is_word(val, "ordered"))
+                f->commit_flags = TXFS_COMMIT_ORDERED;
+            else if (is_word(val, "durable"))
+                f->commit_flags = 0;
+            else
+                why = "txfs: txfs_commit is 'durable' or 'ordered'";
+        }
+        if (!why) {
+            a[0] = sqlite3_mprintf("%s", f->commit_flags ? "ordered" : "durable");
+            return SQLITE_OK;
+        }
+    }
+    if (why) {
+        a[0] = sqlite3_mprintf("%s", why);
+        return SQLITE_ERROR;
+    }
+    return SQLITE_NOTFOUND;
+}
+
+static int txfs_file_control(sqlite3_file *pf, int op, void *arg)
+{
+    TxfsFile *f = (TxfsFile *)pf;
+    switch (op) {
+    case SQLITE_FCNTL_SYNC: {
+        /* The commit point (V1): every page of the transaction is written. */
+        if (f->lock < SQLITE_LOCK_RESERVED)
+            return SQLITE_OK;
+        int rc = check_thread(f);
+        if (rc == SQLITE_OK)
+            rc = level_end(f, 1);
+        if (rc == SQLITE_OK)
+            f->committed = 1;
+        return rc;
+    }
+    case SQLITE_FCNTL_PRAGMA:
+        return txfs_pragma(f, (char **)arg);
+    case SQLITE_FCNTL_VFSNAME:
+        *(char **)arg = sqlite3_mprintf("%s", TXFS_VFS_NAME);
+        return SQLITE_OK;
+    case SQLITE_FCNTL_HAS_MOVED: {
+        struct stat a, b;
+        *(int *)arg = fstat(f->fd, &a) != 0 || stat(f->path, &b) != 0 || a.st_ino != b.st_ino;
+        return SQLITE_OK;
+    }
+    default:
+        return SQLITE_NOTFOUND;
+    }
+}
+
+static int txfs_sector_size(sqlite3_file *pf)
+{
+    (void)pf;
+    return 4096;
+}
+
+static int txfs_device_characteristics(sqlite3_file *pf)
+{
+    (void)pf;
+    return SQLITE_IOCAP_POWERSAFE_OVERWRITE;
+}
+
+/* Version 1: no xShm* (so no WAL, V2) and no xFetch (no mmap). */
+static const sqlite3_io_methods txfs_io = {
+    1,
+    txfs_close,
+    txfs_read,
+    txfs_write,
+    txfs_truncate,
+    txfs_xsync,
+    txfs_file_size,
+    txfs_lock,
+    txfs_unlock,
+    txfs_check_reserved,
+    txfs_file_control,
+    txfs_sector_size,
+    txfs_device_characteristics,
+    0, 0, 0, 0, 0, 0,
+};
+
+/* ---- sqlite3_vfs ------------------------------------------------------- */
+
+static int on_txfs(int fd)
+{
+    struct statfs sfs;
+    struct txfs_ioc_state st;
+    if (fstatfs(fd, &sfs) != 0 || sfs.f_type != FUSE_SUPER_MAGIC)
+        return 0;
+    return ioc_state(fd, &st) == 0;
+}
+
+static int txfs_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *pf, int flags, int *out_flags)
+{
+    (void)vfs;
+    if (flags & (SQLITE_OPEN_MAIN_JOURNAL | SQLITE_OPEN_WAL | SQLITE_OPEN_SUPER_JOURNAL)) {
+        sqlite3_log(SQLITE_CANTOPEN, "txfs: refusing to create %s: journal_mode must be OFF on a txfs database",
+                    name ? name : "a journal");
+        return SQLITE_CANTOPEN;
+    }
+    if (!(flags & SQLITE_OPEN_MAIN_DB) || !name)
+        return orig_vfs->xOpen(orig_vfs, name, pf, flags, out_flags); /* temp files */
+
+    TxfsFile *f = (TxfsFile *)pf;
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    int oflags = O_CLOEXEC | O_NOFOLLOW;
+    if (flags & SQLITE_OPEN_READWRITE)
+        oflags |= O_RDWR;
+    else
+        oflags |= O_RDONLY;
+    if (flags & SQLITE_OPEN_CREATE)
+        oflags |= O_CREAT;
+    if (flags & SQLITE_OPEN_EXCLUSIVE)
+        oflags |= O_EXCL;
+    int fd = open(name, oflags, 0644);
+    if (fd < 0 && (flags & SQLITE_OPEN_READWRITE) && (errno == EACCES || errno == EROFS || errno == EISDIR)) {
+        fd = open(name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        flags = (flags & ~(SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE)) | SQLITE_OPEN_READONLY;
+    }
+    if (fd < 0) {
+        sqlite3_log(SQLITE_CANTOPEN, "txfs: open %s: %s", name, strerror(errno));
+        return SQLITE_CANTOPEN;
+    }
+    if (!on_txfs(fd)) {
+        close(fd);
+        sqlite3_log(SQLITE_CANTOPEN, "txfs: %s is not on a txfs mount", name);
+        return SQLITE_CANTOPEN;
+    }
+    f->fd = fd;
+    f->path = name;
+    const char *mode = sqlite3_uri_parameter(name, "txfs_commit");
+    f->commit_flags = is_word(mode, "ordered") ? TXFS_COMMIT_ORDERED : 0;
+    if (mode && !is_word(mode, "ordered") && !is_word(mode, "durable"))
+        sqlite3_log(SQLITE_WARNING, "txfs: unknown txfs_commit=%s, using durable", mode);
+    f->base.pMethods = &txfs_io;
+    if (out_flags)
+        *out_flags = flags;
+    return SQLITE_OK;
+}
+
+static int txfs_delete(sqlite3_vfs *v, const char *name, int sync_dir)
+{
+    (void)v;
+    return orig_vfs->xDelete(orig_vfs, name, sync_dir);
+}
+
+static int txfs_access(sqlite3_vfs *v, const char *name, int flags, int *res)
+{
+    (void)v;
+    return orig_vfs->xAccess(orig_vfs, name, flags, res);
+}
+
+static int txfs_full_pathname(sqlite3_vfs *v, const char *name, int n, char *out)
+{
+    (void)v;
+    return orig_vfs->xFullPathname(orig_vfs, name, n, out);
+}
+
+static void *txfs_dlopen(sqlite3_vfs *v, const char *name)
+{
+    (void)v;
+    return orig_vfs->xDlOpen(orig_vfs, name);
+}
+
+static void txfs_dlerror(sqlite3_vfs *v, int n, char *msg)
+{
+    (void)v;
+    orig_vfs->xDlError(orig_vfs, n, msg);
+}
+
+static void (*txfs_dlsym(sqlite3_vfs *v, void *h, const char *sym))(void)
+{
+    (void)v;
+    return orig_vfs->xDlSym(orig_vfs, h, sym);
+}
+
+static void txfs_dlclose(sqlite3_vfs *v, void *h)
+{
+    (void)v;
+    orig_vfs->xDlClose(orig_vfs, h);
+}
+
+static int txfs_randomness(sqlite3_vfs *v, int n, char *out)
+{
+    (void)v;
+    return orig_vfs->xRandomness(orig_vfs, n, out);
+}
+
+static int txfs_sleep(sqlite3_vfs *v, int us)
+{
+    (void)v;
+    return orig_vfs->xSleep(orig_vfs, us);
+}
+
+static int txfs_current_time(sqlite3_vfs *v, double *t)
+{
+    (void)v;
+    return orig_vfs->xCurrentTime(orig_vfs, t);
+}
+
+static int txfs_get_last_error(sqlite3_vfs *v, int n, char *msg)
+{
+    (void)v;
+    return orig_vfs->xGetLastError ? orig_vfs->xGetLastError(orig_vfs, n, msg) : 0;
+}
+
+static int txfs_current_time_int64(sqlite3_vfs *v, sqlite3_int64 *t)
+{
+    (void)v;
+    return orig_vfs->xCurrentTimeInt64(orig_vfs, t);
+}
+
+/* Auto-extension: every connection whose main database is on this VFS gets
+ * journal_mode=OFF and cache_spill=OFF before its first statement (V2). */
+static int txfs_conn_init(sqlite3 *db, char **err, const sqlite3_api_routines *api)
+{
+    (void)api;
+    sqlite3_vfs *v = NULL;
+    if (sqlite3_file_control(db, "main", SQLITE_FCNTL_VFS_POINTER, &v) != SQLITE_OK || v != &txfs_vfs)
+        return SQLITE_OK;
+    return sqlite3_exec(db, "PRAGMA main.journal_mode=OFF; PRAGMA cache_spill=OFF;", NULL, NULL, err);
+}
+
+#ifdef _WIN32
+__declspec(dllexport)
+#endif
+__attribute__((visibility("default"))) int sqlite3_txfsvfs_init(sqlite3 *db, char **err, const sqlite3_api_routines *api)
+{
+    SQLITE_EXTENSION_INIT2(api);
+    if (!sqlite3_vfs_find(TXFS_VFS_NAME)) {
+        orig_vfs = sqlite3_vfs_find(NULL);
+        if (!orig_vfs || orig_vfs->iVersion < 2)
+            return SQLITE_ERROR;
+        sqlite3_vfs v = {
+            2,
+            (int)(sizeof(TxfsFile) > (size_t)orig_vfs->szOsFile ? sizeof(TxfsFile) : (size_t)orig_vfs->szOsFile),
+            orig_vfs->mxPathname,
+            NULL,
+            TXFS_VFS_NAME,
+            NULL,
+            txfs_open,
+            txfs_delete,
+            txfs_access,
+            txfs_full_pathname,
+            txfs_dlopen,
+            txfs_dlerror,
+            txfs_dlsym,
+            txfs_dlclose,
+            txfs_randomness,
+            txfs_sleep,
+            txfs_current_time,
+            txfs_get_last_error,
+            txfs_current_time_int64,
+            NULL, NULL, NULL,
+        };
+        txfs_vfs = v;
+        int rc = sqlite3_vfs_register(&txfs_vfs, 0);
+        if (rc != SQLITE_OK)
+            return rc;
+        rc = sqlite3_auto_extension((void (*)(void))txfs_conn_init);
+        if (rc != SQLITE_OK)
+            return rc;
+    }
+    /* The loading connection itself, should it be a txfs database. */
+    if (db) {
+        int rc = txfs_conn_init(db, err, api);
+        if (rc != SQLITE_OK)
+            return rc;
+    }
+    return SQLITE_OK_LOAD_PERMANENTLY;
+}
