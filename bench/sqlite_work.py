@@ -35,11 +35,42 @@ def fail(msg: str) -> None:
     sys.exit(1)
 
 
+_vfs_loaded = False
+
+
+def load_vfs() -> None:
+    """Registers clients/sqlite's "txfs" VFS in the SQLite library Python uses.
+
+    Python's sqlite3 may be built without load_extension, so this goes through
+    the C API (ctypes) of the same libsqlite3 the _sqlite3 module links.
+    """
+    global _vfs_loaded
+    if _vfs_loaded:
+        return
+    import ctypes
+    import _sqlite3
+
+    lib = None
+    with open(f"/proc/{os.getpid()}/maps") as f:
+        for line in f:
+            if "libsqlite3" in line:
+                lib = ctypes.CDLL(line.split()[-1])
+                break
+    if lib is None:
+        lib = ctypes.CDLL(_sqlite3.__file__)
+    db = ctypes.c_void_p()
+    if lib.sqlite3_open(b":memory:", ctypes.byref(db)) != 0:
+        fail("sqlite3_open")
+    lib.sqlite3_enable_load_extension(db, 1)
+    err = ctypes.c_char_p()
+    if lib.sqlite3_load_extension(db, VFS_SO.encode(), b"sqlite3_txfsvfs_init", ctypes.byref(err)) != 0:
+        fail(f"loading {VFS_SO}: {err.value}")
+    _vfs_loaded = True
+
+
 def connect(path: str, mode: str) -> sqlite3.Connection:
     if mode == "vfs":
-        boot = sqlite3.connect(":memory:")
-        boot.enable_load_extension(True)
-        boot.load_extension(VFS_SO)
+        load_vfs()
         conn = sqlite3.connect(f"file:{path}?vfs=txfs", uri=True, isolation_level=None, check_same_thread=False)
     else:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
@@ -55,9 +86,11 @@ def connect(path: str, mode: str) -> sqlite3.Connection:
 class Tx:
     """One application transaction: SQLite's BEGIN/COMMIT, inside a txfs one in txfs mode."""
 
-    def __init__(self, mode: str, *conns: sqlite3.Connection, immediate: bool = True) -> None:
+    def __init__(self, mode: str, *conns: sqlite3.Connection, immediate: bool = True, wrap: bool = False) -> None:
         self.mode, self.conns, self.immediate = mode, conns, immediate
-        self.outer = txfs.transaction() if mode == "txfs" else None
+        # vfs: SQLite's own BEGIN/COMMIT are txfs transactions; wrap=True joins
+        # them into one application transaction (several files or connections)
+        self.outer = txfs.transaction() if mode == "txfs" or (mode == "vfs" and wrap) else None
 
     def __enter__(self) -> None:
         if self.outer is not None:
@@ -139,12 +172,12 @@ def w5(mode: str, dirpath: str, n: int, att_kb: int) -> None:
     t0 = time.perf_counter()
     for i in range(n):
         name = os.path.join(att_dir, f"a{i}")
-        outer = txfs.transaction() if mode == "txfs" else None
+        outer = txfs.transaction() if mode in ("txfs", "vfs") else None
         if outer:
             outer.__enter__()
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(fd, data)
-        if mode != "txfs":  # the attachment must be durable before the row points at it
+        if mode not in ("txfs", "vfs"):  # the attachment must be durable before the row points at it
             os.fsync(fd)
             os.fsync(dfd)
         os.close(fd)
@@ -189,12 +222,13 @@ def w6(mode: str, dirpath: str, threads: int, n: int) -> None:
             mine = [d for d in range(NDB) if d % threads == t]
             conns = {d: connect(os.path.join(dirpath, f"db{d}.sqlite"), mode) for d in mine}
             rng = random.Random(100 + t)
+            nrows = min(c.execute("SELECT count(*) FROM t").fetchone()[0] for c in conns.values())
             for i in range(n):
                 src, dst = rng.sample(mine, 2)
-                rid = rng.randrange(200)
+                rid = rng.randrange(nrows)
                 while True:
                     try:
-                        with Tx(mode, conns[dst]):
+                        with Tx(mode, conns[dst], wrap=True):
                             (v,) = conns[src].execute("SELECT v FROM t WHERE id=?", (rid,)).fetchone()
                             h = hashlib.sha256(v).digest()
                             conns[dst].execute("INSERT INTO t(v) VALUES(?)", (h,))
