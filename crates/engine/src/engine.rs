@@ -1026,6 +1026,11 @@ impl Engine {
         self.lock().txs.get(&tx).is_some_and(|t| t.doomed.is_some())
     }
 
+    /// How many transactions are live.
+    pub fn live_txs(&self) -> usize {
+        self.lock().txs.len()
+    }
+
     /// True if `tx` is live.
     pub fn is_live(&self, tx: TxId) -> bool {
         self.lock().txs.contains_key(&tx)

@@ -1,9 +1,13 @@
 //! The FUSE adapter: kernel requests in, engine calls out.
 //!
 //! ## Kernel caches (SPEC §6): the policy of this version
-//! Correctness first. Every entry and attribute is returned with a zero
-//! TTL, so every stat and path walk reaches the daemon and gets the view of
-//! the caller's transaction. Every handle is `FOPEN_DIRECT_IO`: `read` and
+//! Correctness first. While any transaction is live, every entry and
+//! attribute is returned with a zero TTL, so every stat and path walk
+//! reaches the daemon and gets the view of the caller's transaction (and
+//! enters its read set). While none is live, the committed state is the
+//! only view and entries and attributes are cached for a second
+//! ([`CacheGate`]; the first begin drops them all before it returns).
+//! Every handle is `FOPEN_DIRECT_IO`: `read` and
 //! `write` always reach the daemon, which answers with the caller's view,
 //! so a transaction reads its own writes through any descriptor, even one
 //! opened before it began.
@@ -55,7 +59,110 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use txfs_engine::{Attr, DirEntry, Durability, Engine, Error, FileKind, ObjId, SetAttr, Timestamp, TxId};
 
+/// Entries and attributes while a transaction is live: never cached.
 const TTL: Duration = Duration::ZERO;
+/// Entries and attributes while the cache gate is open (no live transaction).
+const CACHE_TTL: Duration = Duration::from_secs(1);
+
+/// Kernel caching of entries and attributes, allowed only while no
+/// transaction is live (DESIGN §9, "The cache gate"). The kernel's dentry
+/// and attribute caches are shared by every process and a cached answer
+/// never reaches the daemon, so while any transaction is live every lookup
+/// and attribute is answered uncached (its reads must enter its read set,
+/// its view differs from everyone else's). While none is, the committed
+/// state is the only view and the mount caches like any FUSE file system.
+/// The first begin closes the gate: with the write lock held (no cacheable
+/// reply is being sent), it bumps the kernel's entry epoch
+/// (`FUSE_NOTIFY_INC_EPOCH`: every cached dentry, and every lookup answered
+/// before it, is revalidated) and drops the attributes of every node given
+/// a nonzero TTL; only then does the transaction exist. The gate reopens
+/// when the last transaction ends.
+#[derive(Default)]
+pub struct CacheGate {
+    open: parking_lot::RwLock<bool>,
+    /// Node ids answered with a nonzero attribute TTL since the gate opened.
+    cached: Mutex<std::collections::HashSet<u64>>,
+    /// A duplicate of the session's `/dev/fuse` descriptor, set when the
+    /// kernel accepted `FUSE_NOTIFY_INC_EPOCH`; without it the gate stays shut.
+    dev: std::sync::OnceLock<std::os::fd::OwnedFd>,
+}
+
+/// `FUSE_NOTIFY_INC_EPOCH` (kernel 6.16+, include/uapi/linux/fuse.h).
+const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
+
+impl CacheGate {
+    /// Probes `dev` (the session's `/dev/fuse`) for `FUSE_NOTIFY_INC_EPOCH`
+    /// and opens the gate if the kernel has it.
+    pub fn enable(&self, dev: std::os::fd::OwnedFd) -> bool {
+        if inc_epoch(&dev).is_err() {
+            return false;
+        }
+        let _ = self.dev.set(dev);
+        *self.open.write() = true;
+        true
+    }
+
+    /// Runs `send(ttl)` with the TTL a reply about node `ino` for `tx` may
+    /// carry, holding the gate so that it cannot close in between.
+    fn reply<R>(&self, tx: Option<TxId>, ino: u64, send: impl FnOnce(&Duration) -> R) -> R {
+        let g = self.open.read();
+        if *g && tx.is_none() && ino < PRIVATE_BASE {
+            self.cached.lock().insert(ino);
+            let r = send(&CACHE_TTL);
+            drop(g);
+            return r;
+        }
+        send(&TTL)
+    }
+
+    /// Closes the gate (if open), then runs `begin`: the transaction exists
+    /// only once nothing cached can answer for it.
+    fn close_then<T>(&self, notifier: Option<&fuser::Notifier>, begin: impl FnOnce() -> T) -> T {
+        let mut g = self.open.write();
+        if *g {
+            *g = false;
+            if let Some(dev) = self.dev.get() {
+                if let Err(e) = inc_epoch(dev) {
+                    tracing::error!("FUSE_NOTIFY_INC_EPOCH failed ({e}): cached entries may outlive the gate");
+                }
+            }
+            let cached = std::mem::take(&mut *self.cached.lock());
+            if let Some(n) = notifier {
+                for ino in cached {
+                    // Offset -1: attributes only, no page-cache work. ENOENT:
+                    // the kernel has forgotten the node.
+                    let _ = n.inval_inode(INodeNo(ino), -1, 0);
+                }
+            }
+        }
+        begin()
+    }
+
+    /// Reopens the gate if no transaction is live.
+    fn reopen(&self, engine: &Engine) {
+        if self.dev.get().is_none() {
+            return;
+        }
+        let mut g = self.open.write();
+        if !*g && engine.live_txs() == 0 {
+            *g = true;
+        }
+    }
+}
+
+fn inc_epoch(dev: &std::os::fd::OwnedFd) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // struct fuse_out_header { len: u32, error: i32 (the notify code), unique: u64 = 0 }
+    let mut hdr = [0u8; 16];
+    hdr[0..4].copy_from_slice(&16u32.to_ne_bytes());
+    hdr[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
+    // SAFETY: writes 16 bytes from a live buffer to an open descriptor.
+    let n = unsafe { libc::write(dev.as_raw_fd(), hdr.as_ptr().cast(), hdr.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 struct Handle {
     obj: ObjId,
@@ -77,6 +184,8 @@ pub struct TxFs {
     pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     invalidator: Mutex<std::sync::mpsc::Sender<Deferred>>,
     private: Arc<Mutex<Private>>,
+    /// Kernel caching while no transaction is live.
+    pub gate: Arc<CacheGate>,
 }
 
 /// An open directory's transaction (of the opener) and its listing, taken at
@@ -106,6 +215,7 @@ fn all_ids(private: &Mutex<Private>, objs: Vec<ObjId>) -> Vec<ObjId> {
 fn end_tx(
     engine: &Engine,
     private: &Mutex<Private>,
+    gate: &CacheGate,
     tx: TxId,
     commit: Option<Durability>,
 ) -> (Result<(), Error>, Vec<ObjId>) {
@@ -117,6 +227,7 @@ fn end_tx(
         },
         None => (engine.abort(tx), Vec::new()),
     };
+    gate.reopen(engine);
     let mut pages = all_ids(private, changed);
     pages.extend(own);
     (r, pages)
@@ -216,14 +327,15 @@ impl TxFs {
         // Abort transactions whose thread or `txfs run` owner has died.
         let private: Arc<Mutex<Private>> = Arc::default();
         let txs: Arc<TxMap> = Arc::default();
-        let (e, t, p, inval) = (engine.clone(), txs.clone(), private.clone(), tx.clone());
+        let gate: Arc<CacheGate> = Arc::default();
+        let (e, t, p, g, inval) = (engine.clone(), txs.clone(), private.clone(), gate.clone(), tx.clone());
         std::thread::Builder::new()
             .name("txfs-reaper".into())
             .spawn(move || loop {
                 std::thread::sleep(Duration::from_millis(250));
                 for dead in t.reap() {
                     tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
-                    let (_, pages) = end_tx(&e, &p, dead, None);
+                    let (_, pages) = end_tx(&e, &p, &g, dead, None);
                     let _ = inval.send((pages, Box::new(|| {})));
                 }
             })
@@ -238,6 +350,7 @@ impl TxFs {
             notifier,
             invalidator: Mutex::new(tx),
             private,
+            gate,
         }
     }
 
@@ -360,7 +473,7 @@ impl TxFs {
         match cmd {
             ioctl::BEGIN => {
                 let engine = &self.engine;
-                let tx = self.txs.begin(tid, || engine.begin());
+                let tx = self.gate.close_then(self.notifier.get(), || self.txs.begin(tid, || engine.begin()));
                 tracing::debug!(tid, %tx, "begin");
                 Ok((Vec::new(), Vec::new()))
             }
@@ -373,7 +486,7 @@ impl TxFs {
                 }
                 match self.txs.end(tid) {
                     Some((tx, true)) => {
-                        let (r, pages) = end_tx(&self.engine, &self.private, tx, Some(durability));
+                        let (r, pages) = end_tx(&self.engine, &self.private, &self.gate, tx, Some(durability));
                         match r {
                             Ok(()) => Ok((Vec::new(), pages)),
                             Err(err) => {
@@ -389,7 +502,7 @@ impl TxFs {
             ioctl::ABORT => match self.txs.drop_thread(tid) {
                 Some((tx, _owned)) => {
                     // Inside a tree transaction an abort dooms the whole tree.
-                    let (_, pages) = end_tx(&self.engine, &self.private, tx, None);
+                    let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, tx, None);
                     Ok((Vec::new(), pages))
                 }
                 None => Err(Errno::from_i32(libc::EINVAL)),
@@ -409,8 +522,11 @@ impl TxFs {
                         if self.txs.tree(pid).is_some() {
                             return Err(Errno::from_i32(libc::EEXIST));
                         }
-                        let tx = self.engine.begin();
-                        self.txs.add_tree(pid, caller, tx);
+                        let tx = self.gate.close_then(self.notifier.get(), || {
+                            let tx = self.engine.begin();
+                            self.txs.add_tree(pid, caller, tx);
+                            tx
+                        });
                         tracing::info!(pid, %tx, "process tree transaction begins");
                         Ok((Vec::new(), Vec::new()))
                     }
@@ -424,7 +540,7 @@ impl TxFs {
                             // EDEADLK tells `txfs run` that the command failed
                             // because it lost a conflict: worth a rerun.
                             let doomed = self.engine.is_doomed(tx);
-                            let (_, pages) = end_tx(&self.engine, &self.private, tx, None);
+                            let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, tx, None);
                             tracing::info!(pid, %tx, doomed, "process tree transaction aborted");
                             // NB: the pages are dropped before the reply only on success.
                             self.after(pages, || {});
@@ -436,7 +552,7 @@ impl TxFs {
                         }
                         let d =
                             if flags & ioctl::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
-                        let (r, pages) = end_tx(&self.engine, &self.private, tx, Some(d));
+                        let (r, pages) = end_tx(&self.engine, &self.private, &self.gate, tx, Some(d));
                         match r {
                             Ok(()) => {
                                 tracing::info!(pid, %tx, "process tree transaction committed");
@@ -506,7 +622,10 @@ impl Filesystem for TxFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let tx = self.tx(req);
         match self.engine.lookup(tx, self.obj(parent), name) {
-            Ok(a) => reply.entry(&TTL, &self.entry_attr(tx, &a), Generation(0)),
+            Ok(a) => {
+                let fa = self.entry_attr(tx, &a);
+                self.gate.reply(tx, fa.ino.0, |ttl| reply.entry(ttl, &fa, Generation(0)))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -524,7 +643,7 @@ impl Filesystem for TxFs {
             tx => tx,
         };
         match self.engine.getattr(tx, self.obj(ino)) {
-            Ok(a) => reply.attr(&TTL, &FileAttr { ino, ..fattr(&a) }),
+            Ok(a) => self.gate.reply(tx, ino.0, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) })),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -584,7 +703,10 @@ impl Filesystem for TxFs {
         }
         let tx = self.tx(req);
         match self.engine.create(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
-            Ok(a) => reply.entry(&TTL, &self.entry_attr(tx, &a), Generation(0)),
+            Ok(a) => {
+                let fa = self.entry_attr(tx, &a);
+                self.gate.reply(tx, fa.ino.0, |ttl| reply.entry(ttl, &fa, Generation(0)))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -592,7 +714,10 @@ impl Filesystem for TxFs {
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let tx = self.tx(req);
         match self.engine.mkdir(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
-            Ok(a) => reply.entry(&TTL, &self.entry_attr(tx, &a), Generation(0)),
+            Ok(a) => {
+                let fa = self.entry_attr(tx, &a);
+                self.gate.reply(tx, fa.ino.0, |ttl| reply.entry(ttl, &fa, Generation(0)))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -614,7 +739,10 @@ impl Filesystem for TxFs {
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let tx = self.tx(req);
         match self.engine.symlink(tx, self.obj(parent), link_name, target.as_os_str(), req.uid(), req.gid()) {
-            Ok(a) => reply.entry(&TTL, &self.entry_attr(tx, &a), Generation(0)),
+            Ok(a) => {
+                let fa = self.entry_attr(tx, &a);
+                self.gate.reply(tx, fa.ino.0, |ttl| reply.entry(ttl, &fa, Generation(0)))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -645,7 +773,10 @@ impl Filesystem for TxFs {
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let tx = self.tx(req);
         match self.engine.link(tx, self.obj(ino), self.obj(newparent), newname) {
-            Ok(a) => reply.entry(&TTL, &self.entry_attr(tx, &a), Generation(0)),
+            Ok(a) => {
+                let fa = self.entry_attr(tx, &a);
+                self.gate.reply(tx, fa.ino.0, |ttl| reply.entry(ttl, &fa, Generation(0)))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -909,7 +1040,10 @@ impl Filesystem for TxFs {
             Err(e) => return reply.error(errno(&e)),
         };
         match self.open_handle(attr.obj, tx, flags) {
-            Ok((fh, fopen)) => reply.created(&TTL, &fattr(&attr), Generation(0), FileHandle(fh), fopen),
+            Ok((fh, fopen)) => {
+                let fa = fattr(&attr);
+                self.gate.reply(tx, fa.ino.0, |ttl| reply.created(ttl, &fa, Generation(0), FileHandle(fh), fopen))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

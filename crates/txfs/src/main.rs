@@ -116,6 +116,7 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     let engine = Arc::new(open_engine(&backing, Options::default())?);
     let txfs = fs::TxFs::new(engine.clone(), backing.clone());
     let notifier_slot = txfs.notifier.clone();
+    let gate = txfs.gate.clone();
     let mut mopts = vec![
         fuser::MountOption::FSName(format!("txfs:{}", backing.display())),
         fuser::MountOption::CUSTOM("subtype=txfs".into()),
@@ -145,6 +146,16 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     config.n_threads = Some(4);
     let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
     let _ = notifier_slot.set(session.notifier());
+    // Kernel caching while no transaction is live needs FUSE_NOTIFY_INC_EPOCH.
+    let caching = {
+        use std::os::fd::AsFd;
+        session.as_fd().try_clone_to_owned().is_ok_and(|dev| gate.enable(dev))
+    };
+    if caching {
+        tracing::info!("kernel caches entries and attributes while no transaction is live");
+    } else {
+        tracing::warn!("kernel lacks FUSE_NOTIFY_INC_EPOCH (6.16+): entries and attributes are never cached");
+    }
     tracing::info!(backing = %backing.display(), mountpoint = %point.display(), "serving");
     session.run().map_err(|e| format!("FUSE session: {e}"))?;
     tracing::info!("unmounted");

@@ -616,3 +616,45 @@ fn creating_different_names_in_one_directory_does_not_conflict() {
 fn mkdir_of_different_names_in_one_directory_does_not_conflict() {
     distinct_names_in_one_dir("mkdir", |m, p| std::fs::create_dir(m.path(p)).unwrap());
 }
+
+/// While no transaction is live the kernel caches entries and attributes
+/// (the cache gate, DESIGN §9). A transaction that begins afterwards must
+/// still reach the daemon for every lookup and stat, or its reads would
+/// miss its read set: here the size it read is changed by a plain append
+/// before it commits, so its commit must conflict. Also, the kernel must
+/// not answer it from what it cached for others before it began.
+#[test]
+fn attributes_cached_before_a_transaction_do_not_hide_its_reads() {
+    let m = Mount::with_backing(|b| {
+        std::fs::write(b.join("log"), "one\n").unwrap();
+        std::fs::write(b.join("seen"), "x").unwrap();
+    });
+    let mnt = m.mnt().to_path_buf();
+    let mut agent = Agent::spawn(&mnt);
+    for round in 0..3 {
+        // Warm every cache from outside and from this thread, no transaction live.
+        for _ in 0..3 {
+            agent.ok("out = [os.stat(M + '/log').st_size, os.stat(M + '/seen').st_mode]");
+            let _ = std::fs::metadata(m.path("log")).unwrap();
+            let _ = std::fs::metadata(m.path("gone")).is_err();
+        }
+        m.begin().expect("begin");
+        let size = std::fs::metadata(m.path("log")).unwrap().len();
+        std::fs::set_permissions(m.path("seen"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(m.path("gone"), "made in the tx").unwrap();
+        // The agent's cached view must not have taken the transaction's changes.
+        assert_eq!(agent.ok("out = os.stat(M + '/seen').st_mode & 0o777"), 0o644, "round {round}");
+        agent.fails("os.stat(M + '/gone')", libc::ENOENT);
+        // A plain append changes what the transaction read.
+        agent.ok("f = open(M + '/log', 'a'); f.write('two\\n'); f.close(); out = 0");
+        std::fs::write(m.path("summary"), format!("log had {size} bytes")).unwrap();
+        assert_errno(m.commit(), libc::EDEADLK, "commit of a transaction whose stat was overtaken");
+        let _ = m.abort();
+        assert!(std::fs::metadata(m.path("summary")).is_err(), "round {round}: a conflicting commit left a trace");
+        assert!(std::fs::metadata(m.path("gone")).is_err(), "round {round}");
+        // Back to caching: the committed state, fresh, for everyone.
+        assert_eq!(agent.ok("out = os.stat(M + '/seen').st_mode & 0o777"), 0o644);
+        assert_eq!(std::fs::metadata(m.path("log")).unwrap().len(), size + 4);
+    }
+    assert_eq!(m.live_txs(), 0);
+}
