@@ -694,7 +694,18 @@ static int txfs_conn_init(sqlite3 *db, char **err, const sqlite3_api_routines *a
     sqlite3_vfs *v = NULL;
     if (sqlite3_file_control(db, "main", SQLITE_FCNTL_VFS_POINTER, &v) != SQLITE_OK || v != &txfs_vfs)
         return SQLITE_OK;
-    return sqlite3_exec(db, "PRAGMA main.journal_mode=OFF; PRAGMA cache_spill=OFF;", NULL, NULL, err);
+    /* Runs before the application can set a busy timeout: a commit racing
+     * with this first read is retried here. */
+    int rc = SQLITE_BUSY;
+    for (int i = 0; i < 200 && (rc & 0xff) == SQLITE_BUSY; i++) {
+        if (i > 0) {
+            sqlite3_free(*err);
+            *err = NULL;
+            sqlite3_sleep(1 + i % 10);
+        }
+        rc = sqlite3_exec(db, "PRAGMA main.journal_mode=OFF; PRAGMA cache_spill=OFF;", NULL, NULL, err);
+    }
+    return rc;
 }
 
 #ifdef _WIN32

@@ -1,0 +1,286 @@
+"""The txfs VFS against a real txfs mount, with the stock sqlite3 shell, Python
+and C, and several processes. Every test opens its own database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import EXT, HERE
+
+import txfs  # clients/python, put on sys.path by conftest
+import txfs_sqlite  # clients/sqlite
+
+WORKER = [sys.executable, str(HERE / "worker.py")]
+
+
+def connect(path: str, **params: str) -> sqlite3.Connection:
+    txfs_sqlite.load(EXT)
+    query = "".join(f"&{k}={v}" for k, v in params.items())
+    return sqlite3.connect(f"file:{path}?vfs=txfs{query}", uri=True, isolation_level=None, timeout=5)
+
+
+def side_files(path: str) -> list:
+    """Anything next to the database but the database itself."""
+    d, name = os.path.split(path)
+    return sorted(n for n in os.listdir(d) if n != name)
+
+
+def test_shell_loads_and_forces_journal_off(db: str) -> None:
+    script = f"""
+.load {EXT}
+.open file:{db}?vfs=txfs
+PRAGMA journal_mode;
+CREATE TABLE t(x);
+BEGIN;
+INSERT INTO t VALUES (1), (2);
+.system ls -a {os.path.dirname(db)}
+COMMIT;
+SELECT sum(x) FROM t;
+PRAGMA integrity_check;
+"""
+    out = subprocess.run(["sqlite3", "-batch", "-bail"], input=script, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert lines[0] == "off"
+    # the listing during the open transaction: only the database
+    assert [n for n in lines[1:] if n not in (".", "..")][:1] == ["t.db"]
+    assert "t.db-journal" not in lines and "t.db-wal" not in lines
+    assert lines[-2:] == ["3", "ok"]
+    # WAL (or any journal) is refused, not silently accepted
+    bad = subprocess.run(["sqlite3", "-batch"], input=f".load {EXT}\n.open file:{db}?vfs=txfs\nPRAGMA journal_mode=WAL;\n",
+                         capture_output=True, text=True, timeout=60)
+    assert "journal_mode stays OFF" in bad.stderr
+    assert side_files(db) == []
+
+
+def test_not_on_txfs_is_refused(tmp_path) -> None:
+    with pytest.raises(sqlite3.OperationalError):
+        connect(str(tmp_path / "plain.db")).execute("CREATE TABLE t(x)")
+
+
+def test_no_journal_or_wal_during_and_after(db: str) -> None:
+    conn = connect(db)
+    conn.execute("CREATE TABLE t(x, y)")
+    for round_ in range(3):
+        conn.execute("BEGIN")
+        conn.executemany("INSERT INTO t VALUES (?, randomblob(3000))", [(i,) for i in range(300)])
+        # this thread is inside the transaction: it sees the transaction's own files
+        assert side_files(db) == [], round_
+        conn.execute("UPDATE t SET x = x + 1")
+        assert side_files(db) == []
+        conn.execute("COMMIT" if round_ != 1 else "ROLLBACK")
+        assert side_files(db) == []
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (600,)
+    conn.execute("CREATE INDEX ty ON t(y)")
+    conn.execute("DELETE FROM t WHERE x % 2 = 0")
+    conn.execute("VACUUM")
+    assert side_files(db) == []
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_rollback_undoes(db: str) -> None:
+    conn = connect(db)
+    conn.execute("CREATE TABLE t(x)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    conn.execute("BEGIN")
+    conn.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(2, 5000)])
+    conn.execute("DELETE FROM t WHERE x = 1")
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (4998,)
+    conn.execute("ROLLBACK")
+    assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]
+    # a fresh connection (another snapshot, no cache) agrees
+    assert connect(db).execute("SELECT x FROM t").fetchall() == [(1,)]
+    # the connection still works after the rollback
+    conn.execute("INSERT INTO t VALUES (7)")
+    assert connect(db).execute("SELECT sum(x) FROM t").fetchone() == (8,)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_other_process_never_sees_uncommitted_rows(db: str) -> None:
+    conn = connect(db)
+    conn.execute("CREATE TABLE t(x)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    w = subprocess.Popen(WORKER + ["hold", db, "2000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert w.stdout.readline().strip() == "ready"
+        for _ in range(5):
+            assert conn.execute("SELECT count(*), sum(x) FROM t").fetchone() == (1, 1)
+        assert side_files(db) == []
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        assert w.stdout.readline().strip() == "committed"
+    finally:
+        w.wait(timeout=30)
+    assert w.returncode == 0
+    assert conn.execute("SELECT count(*), sum(x) FROM t").fetchone() == (2001, -1 - sum(range(2000)))
+
+
+def test_sigkill_mid_transaction_leaves_database_unchanged(db: str) -> None:
+    conn = connect(db)
+    conn.execute("CREATE TABLE t(x)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(100)])
+    before = conn.execute("SELECT count(*), sum(x) FROM t").fetchone()
+    w = subprocess.Popen(WORKER + ["hold", db, "5000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert w.stdout.readline().strip() == "ready"
+    w.send_signal(signal.SIGKILL)
+    w.wait(timeout=30)
+    time.sleep(0.5)  # the daemon reaps the dead thread's transaction
+    assert conn.execute("SELECT count(*), sum(x) FROM t").fetchone() == before
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.execute("INSERT INTO t VALUES (-1)")  # and it takes writes again
+    assert side_files(db) == []
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.08])
+def test_sigkill_during_commit_is_all_or_nothing(db: str, delay: float) -> None:
+    conn = connect(db)
+    conn.execute("CREATE TABLE big(id INTEGER PRIMARY KEY, b BLOB)")
+    conn.execute("CREATE TABLE meta(n)")
+    conn.execute("INSERT INTO meta VALUES (0)")
+    w = subprocess.Popen(WORKER + ["commit-big", db, "24"], stdout=subprocess.PIPE, text=True)
+    assert w.stdout.readline().strip() == "committing"
+    time.sleep(delay)
+    w.send_signal(signal.SIGKILL)
+    w.wait(timeout=30)
+    time.sleep(0.5)
+    n, rows = conn.execute("SELECT (SELECT n FROM meta), (SELECT count(*) FROM big)").fetchone()
+    assert (n, rows) in ((0, 0), (1, 24)), (n, rows)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_concurrent_writers_lose_and_duplicate_nothing(db: str) -> None:
+    conn = connect(db)
+    conn.execute("CREATE TABLE counters(id INTEGER PRIMARY KEY, v INTEGER)")
+    conn.execute("CREATE TABLE log(worker, seq, seen, UNIQUE(worker, seq))")
+    conn.execute("INSERT INTO counters VALUES (0, 0)")
+    workers, n = 4, 40
+    stop = threading.Event()
+    seen_side: list = []
+
+    def watch() -> None:  # no journal may ever appear, at any moment
+        while not stop.is_set():
+            seen_side.extend(side_files(db))
+            time.sleep(0.002)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    procs = [subprocess.Popen(WORKER + ["counter", db, str(n), str(i)], stdout=subprocess.PIPE, text=True)
+             for i in range(workers)]
+    retries = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0
+            retries.append(int(out.strip()))
+    finally:
+        stop.set()
+        t.join()
+    assert seen_side == []
+    assert conn.execute("SELECT v FROM counters").fetchone() == (workers * n,)
+    assert conn.execute("SELECT count(*), count(DISTINCT worker || '/' || seq) FROM log").fetchone() == (workers * n,) * 2
+    # every increment saw a distinct predecessor: no lost update
+    assert conn.execute("SELECT count(DISTINCT seen), min(seen), max(seen) FROM log").fetchone() == (
+        workers * n, 0, workers * n - 1)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    print(f"retries per worker: {retries}")
+
+
+def test_conflict_is_busy_and_retry_succeeds(db: str) -> None:
+    a, b = connect(db), None
+    a.execute("CREATE TABLE t(x)")
+    a.execute("INSERT INTO t VALUES (0)")
+    result: dict = {}
+
+    def other() -> None:  # another thread = another txfs transaction
+        c = connect(db)
+        c.execute("UPDATE t SET x = x + 10")
+        result["done"] = True
+
+    a.execute("BEGIN")
+    assert a.execute("SELECT x FROM t").fetchone() == (0,)
+    th = threading.Thread(target=other)
+    th.start()
+    th.join()
+    assert result.get("done")
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        a.execute("UPDATE t SET x = x + 1")
+        a.execute("COMMIT")
+    if a.in_transaction:
+        a.execute("ROLLBACK")
+    a.execute("UPDATE t SET x = x + 1")  # the retry
+    assert connect(db).execute("SELECT x FROM t").fetchone() == (11,)
+
+
+def test_ordered_commit_parameter(db: str) -> None:
+    conn = connect(db, txfs_commit="ordered")
+    assert conn.execute("PRAGMA txfs_commit").fetchone() == ("ordered",)
+    conn.execute("CREATE TABLE t(x)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    txfs.sync(os.path.dirname(db))
+    assert connect(db).execute("SELECT x FROM t").fetchall() == [(1,)]
+
+
+def test_listing6_rows_and_plain_file_commit_and_abort_together(db: str) -> None:
+    d = os.path.dirname(db)
+    conn = connect(db)
+    conn.execute("CREATE TABLE msg(id INTEGER PRIMARY KEY, path)")
+
+    # commit: both appear, at once
+    with txfs.transaction(mount=d):
+        conn.execute("INSERT INTO msg VALUES (1, 'a1')")
+        with open(os.path.join(d, "a1"), "w") as f:
+            f.write("attachment 1")
+        conn.execute("UPDATE msg SET path = 'a1' WHERE id = 1")  # a second SQLite transaction, same txfs one
+        # nothing is visible outside before the application's commit
+        res: dict = {}
+        th = threading.Thread(target=lambda: res.update(
+            rows=connect(db).execute("SELECT count(*) FROM msg").fetchone(), file=os.path.exists(os.path.join(d, "a1"))))
+        th.start()
+        th.join()
+        assert res == {"rows": (0,), "file": False}
+    assert connect(db).execute("SELECT * FROM msg").fetchall() == [(1, "a1")]
+    assert open(os.path.join(d, "a1")).read() == "attachment 1"
+
+    # abort: neither survives
+    with pytest.raises(RuntimeError):
+        with txfs.transaction(mount=d):
+            conn.execute("INSERT INTO msg VALUES (2, 'a2')")
+            with open(os.path.join(d, "a2"), "w") as f:
+                f.write("attachment 2")
+            raise RuntimeError("application gives up")
+    assert connect(db).execute("SELECT id FROM msg").fetchall() == [(1,)]
+    assert not os.path.exists(os.path.join(d, "a2"))
+    assert conn.execute("SELECT id FROM msg").fetchall() == [(1,)]
+
+    # an SQLite ROLLBACK inside the application's transaction leaves it alive
+    with txfs.transaction(mount=d):
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO msg VALUES (3, 'x')")
+        conn.execute("ROLLBACK")
+        with open(os.path.join(d, "a3"), "w") as f:
+            f.write("3")
+        conn.execute("INSERT INTO msg VALUES (4, 'a3')")
+    assert connect(db).execute("SELECT id FROM msg").fetchall() == [(1,), (4,)]
+    assert os.path.exists(os.path.join(d, "a3"))
+    assert side_files(db) == ["a1", "a3"]
+
+
+def test_listing6_in_c(db: str) -> None:
+    prog = HERE / "listing6"
+    if not prog.exists():
+        pytest.skip("tests/listing6 not built (make -C clients/sqlite test builds it)")
+    out = subprocess.run([str(prog), EXT, db, "3", "25"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    conn = connect(db)
+    assert conn.execute("SELECT count(*), count(DISTINCT id) FROM msg").fetchone() == (75, 75)
+    d = os.path.dirname(db)
+    files = [n for n in os.listdir(d) if n.startswith("m")]
+    assert sorted(files) == sorted(f"m{i}" for (i,) in conn.execute("SELECT id FROM msg"))
