@@ -1,6 +1,7 @@
 //! `txfs`: mount a transactional file system over a backing directory, and
 //! run programs as transactions. See `txfs --help` and SPEC §1.
 
+mod failpoint;
 mod fs;
 mod ioctl;
 mod mounts;
@@ -113,7 +114,15 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     let lock = lock_backing(&backing)?;
     std::fs::write(backing.join(".txfs/daemon.pid"), format!("{}\n", std::process::id()))
         .map_err(|e| format!("pid file: {e}"))?;
-    let engine = Arc::new(open_engine(&backing, Options::default())?);
+    let storage = RealFs::open(&backing).map_err(|e| format!("{}: {e}", backing.display()))?;
+    let (storage, armed) = failpoint::wrap(Arc::new(storage))?;
+    let engine = Arc::new(
+        Engine::open(storage, failpoint::tune(Options::default()))
+            .map_err(|e| format!("{}: {e}", backing.display()))?,
+    );
+    if let Some(a) = &armed {
+        a.opened();
+    }
     let txfs = fs::TxFs::new(engine.clone(), backing.clone());
     let notifier_slot = txfs.notifier.clone();
     let gate = txfs.gate.clone();
