@@ -1,10 +1,13 @@
 /* txfs.c — the C client library of txfs (see txfs.h and SPEC.md §2).
  *
  * Every call resolves a mount, opens its root directory, issues one ioctl of
- * the wire protocol in txfs.h and closes the descriptor again. The daemon
- * owns the transaction (it identifies it by the calling thread's id); this
- * library only remembers, per thread, which mount that thread's transaction
- * lives on, so that commit and abort reach the same daemon as the begin.
+ * the wire protocol in txfs.h and closes the descriptor again — except that
+ * the outermost begin keeps its descriptor until the transaction ends, so a
+ * transaction costs the daemon five requests, not eight. The daemon owns the
+ * transaction (it identifies it by the calling thread's id); this library
+ * only remembers, per thread, which mount that thread's transaction lives on
+ * (and the descriptor), so that commit and abort reach the same daemon as the
+ * begin. No descriptor outlives a transaction: the mount stays unmountable.
  */
 #define _GNU_SOURCE
 #include "txfs.h"
@@ -36,6 +39,7 @@
 static __thread struct {
     pid_t tid;
     unsigned depth; /* begins issued through this library, not yet ended */
+    int fd_plus1;   /* the mount root, open while depth > 0; 0: none */
     char mount[PATH_MAX];
 } tls;
 
@@ -45,6 +49,10 @@ static int tls_valid(void) { return tls.depth > 0 && tls.tid == current_tid(); }
 
 static void tls_clear(void)
 {
+    /* A forked child's copy names its parent's descriptor: not ours to close. */
+    if (tls.fd_plus1 > 0 && tls.tid == current_tid())
+        close(tls.fd_plus1 - 1);
+    tls.fd_plus1 = 0;
     tls.depth = 0;
     tls.tid = 0;
     tls.mount[0] = '\0';
@@ -231,8 +239,8 @@ static int resolve_mount(const char *path, char *out, size_t outlen)
     return txfs__find_mount(TXFS_DEFAULT_MOUNTINFO, path, out, outlen);
 }
 
-/* Open `mount`, check it is FUSE, issue the ioctl, close. */
-static int mount_ioctl(const char *mount, unsigned long cmd, void *arg)
+/* Open the root of `mount` and check it is FUSE: a descriptor, or -1. */
+static int open_mount(const char *mount)
 {
     int fd = open(mount, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
@@ -249,15 +257,34 @@ static int mount_ioctl(const char *mount, unsigned long cmd, void *arg)
         errno = ENOTTY;
         return -1;
     }
-    int rc = ioctl(fd, cmd, arg);
-    int e = errno;
-    close(fd);
-    if (rc < 0) {
+    return fd;
+}
+
+static int fd_ioctl(int fd, unsigned long cmd, void *arg)
+{
+    if (ioctl(fd, cmd, arg) < 0) {
         /* A FUSE file system without ioctl support is not txfs. */
-        errno = (e == ENOSYS) ? ENOTTY : e;
+        if (errno == ENOSYS)
+            errno = ENOTTY;
         return -1;
     }
     return 0;
+}
+
+/* Issue the ioctl on `mount`: through the calling thread's transaction
+ * descriptor when it is on that mount, else open, ioctl, close. */
+static int mount_ioctl(const char *mount, unsigned long cmd, void *arg)
+{
+    if (tls_valid() && tls.fd_plus1 > 0 && strcmp(mount, tls.mount) == 0)
+        return fd_ioctl(tls.fd_plus1 - 1, cmd, arg);
+    int fd = open_mount(mount);
+    if (fd < 0)
+        return -1;
+    int rc = fd_ioctl(fd, cmd, arg);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
 }
 
 /* The mount the calling thread's transaction is on, or else the default. */
@@ -284,14 +311,26 @@ TXFS_API int txfs_begin(const char *path_in_mount, unsigned flags)
         }
     }
     struct txfs_ioc_flags arg = {.flags = flags, .reserved = 0};
-    if (mount_ioctl(tls_valid() ? tls.mount : mount, TXFS_IOC_BEGIN, &arg) != 0)
-        return -1;
-    if (!tls_valid()) {
-        strcpy(tls.mount, mount);
-        tls.tid = current_tid();
-        tls.depth = 0;
+    if (tls_valid()) {
+        if (mount_ioctl(tls.mount, TXFS_IOC_BEGIN, &arg) != 0)
+            return -1;
+        tls.depth++;
+        return 0;
     }
-    tls.depth++;
+    /* The outermost begin: its descriptor serves the whole transaction. */
+    int fd = open_mount(mount);
+    if (fd < 0)
+        return -1;
+    if (fd_ioctl(fd, TXFS_IOC_BEGIN, &arg) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    strcpy(tls.mount, mount);
+    tls.tid = current_tid();
+    tls.fd_plus1 = fd + 1;
+    tls.depth = 1;
     return 0;
 }
 

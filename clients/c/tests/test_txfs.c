@@ -784,6 +784,39 @@ static void run(const char *name, int (*fn)(void), int needs_mount)
     fflush(stdout);
 }
 
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* The outermost begin keeps one descriptor of the mount for the whole
+ * transaction; commit, abort and a failed commit all close it. */
+static int t_descriptor_lives_as_long_as_the_transaction(void)
+{
+    int before = open_fds();
+    CHECK(fs_tx_begin() == 0, "begin: %s", en(errno));
+    CHECK(open_fds() == before + 1, "begin keeps one descriptor: %d -> %d", before, open_fds());
+    CHECK(fs_tx_begin() == 0, "nested begin: %s", en(errno));
+    CHECK(open_fds() == before + 1, "a nested begin opens none");
+    CHECK(fs_tx_commit() == 0, "inner commit: %s", en(errno));
+    CHECK(open_fds() == before + 1, "the inner commit keeps it");
+    CHECK(fs_tx_commit() == 0, "commit: %s", en(errno));
+    CHECK(open_fds() == before, "commit closes it: %d -> %d", before, open_fds());
+    CHECK(fs_tx_begin() == 0, "begin: %s", en(errno));
+    CHECK(fs_tx_abort() == 0, "abort: %s", en(errno));
+    CHECK(open_fds() == before, "abort closes it");
+    CHECK(fs_tx_commit() == -1, "commit without a transaction fails");
+    CHECK(open_fds() == before, "a failed commit leaks none");
+    return PASS;
+}
+
 int main(void)
 {
     signal(SIGALRM, on_alarm);
@@ -816,6 +849,7 @@ int main(void)
     run("commit without a transaction fails", t_commit_without_begin, 1);
     run("forked child is not in the parent's transaction", t_fork_child_not_in_tx, 1);
     run("STATUS/STATE counters", t_status_counters, 1);
+    run("the mount descriptor lives as long as the transaction", t_descriptor_lives_as_long_as_the_transaction, 1);
 
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -566,3 +566,26 @@ def test_read_only_mmap(work: str, shared: bool) -> None:
                 other = subprocess.run(["cat", f], capture_output=True, text=True, timeout=TIMEOUT)
                 assert other.stdout == "mapped data"
     assert read(f) == "tx data"
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_mount_descriptor_lives_as_long_as_the_transaction(work: str) -> None:
+    """The outermost begin keeps one descriptor of the mount; every way a
+    transaction ends closes it (a leaked one would keep the mount busy)."""
+    before = _open_fds()
+    with txfs.transaction():
+        assert _open_fds() == before + 1
+        with txfs.transaction():
+            assert _open_fds() == before + 1
+        assert _open_fds() == before + 1
+    assert _open_fds() == before
+    with pytest.raises(RuntimeError):
+        with txfs.transaction():
+            raise RuntimeError("abort")
+    assert _open_fds() == before
+    with pytest.raises(OSError):
+        txfs.commit()
+    assert _open_fds() == before

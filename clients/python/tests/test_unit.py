@@ -272,7 +272,7 @@ class FakeDaemon:
         self.fail_next_commit_with: Optional[int] = None
         self.lock = threading.Lock()
 
-    def ioctl(self, mount: str, request: int, arg: bytes) -> bytes:
+    def ioctl(self, mount: str, request: int, arg: bytes, keep: bool = False) -> bytes:
         tid = threading.get_native_id()
         names = {v: k for k, v in _wire.IOCTLS.items()}
         name = names[request]
