@@ -171,6 +171,12 @@ class Ctx:
         self.main = Mount(self, os.path.join(self.root, "backing"), self.mnt)
         self.counters.daemon_pid = self.main.proc.pid
         self.counters.daemon_sync_file = self.main.sync_file
+        self.trace = None
+        if not args.no_trace:
+            try:
+                self.trace = FuseTrace(self.mnt, f"bench-{self.tag}")
+            except OSError as e:
+                self.notes.append(f"FUSE request tracing unavailable ({e}).")
 
     def fresh(self, side_dir: str) -> str:
         if os.path.exists(side_dir):
@@ -183,6 +189,60 @@ class Ctx:
         if side == "passthrough_ll":
             base = self.pt_mnt
         return os.path.join(base, name)
+
+
+class FuseTrace:
+    """Counts the FUSE requests to one mount by opcode, with their latency
+    (request sent -> answered), from the kernel's fuse tracepoints in a private
+    ftrace instance. Enabled only around txfs trials; costs ~1 µs per request."""
+
+    def __init__(self, point: str, tag: str) -> None:
+        self.dir = f"/sys/kernel/tracing/instances/{tag}"
+        st = os.stat(point)
+        os.makedirs(self.dir, exist_ok=True)
+        self.w("buffer_size_kb", "65536")
+        flt = f"connection == {os.minor(st.st_dev)}" if os.major(st.st_dev) == 0 else "0"
+        self.w("events/fuse/fuse_request_send/filter", flt)
+        self.w("events/fuse/fuse_request_end/filter", flt)
+
+    def w(self, name: str, val: str) -> None:
+        with open(os.path.join(self.dir, name), "w") as f:
+            f.write(val)
+
+    def start(self) -> None:
+        self.w("trace", "")
+        self.w("events/fuse/enable", "1")
+
+    def stop(self) -> dict:
+        """{opcode: [count, total seconds]}"""
+        self.w("events/fuse/enable", "0")
+        sent: dict = {}
+        ops: dict = {}
+        with open(os.path.join(self.dir, "trace")) as f:
+            for line in f:
+                if line.startswith("#"):
+                    continue
+                try:
+                    head, ev = line.split(": fuse_request_", 1)
+                    ts = float(head.split()[-1])
+                    req = int(ev.split(" req ")[1].split()[0])
+                except (ValueError, IndexError):
+                    continue
+                if ev.startswith("send"):
+                    sent[req] = (ts, ev.split("(")[1].split(")")[0].replace("FUSE_", ""))
+                elif req in sent:
+                    t0, op = sent.pop(req)
+                    c = ops.setdefault(op, [0, 0.0])
+                    c[0] += 1
+                    c[1] += ts - t0
+        return ops
+
+    def close(self) -> None:
+        try:
+            self.w("events/fuse/enable", "0")
+            os.rmdir(self.dir)
+        except OSError:
+            pass
 
 
 def drop_caches() -> None:
@@ -201,17 +261,24 @@ def trial(ctx: Ctx, argv: list, env_extra: dict | None = None, cwd: str | None =
         os.unlink(sync_file)
     env = dict(os.environ, LD_PRELOAD=ctx.shim, BENCH_FSYNC_FILE=sync_file, TXFS_MOUNT=ctx.mnt)
     env.update(env_extra or {})
+    tracing = ctx.trace is not None and env["TXFS_MOUNT"] == ctx.mnt and any(
+        str(a).startswith(ctx.mnt) for a in list(argv) + [cwd or ""])
+    if tracing:
+        ctx.trace.start()
     before = ctx.counters.snapshot()
     t0 = time.perf_counter()
     p = subprocess.run([str(a) for a in argv], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
     after = ctx.counters.snapshot()
+    fuse_ops = ctx.trace.stop() if tracing else None
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, argv))} failed ({p.returncode}):\n{p.stderr[-2000:]}")
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     out = json.loads(lines[-1]) if lines else {"seconds": wall, "ops": 1}
     out.update({k: after[k] - before[k] for k in after})
     out["app_syncs"] = Counters.syncs(sync_file)
+    if fuse_ops is not None:
+        out["fuse"] = fuse_ops
     return out
 
 
@@ -260,6 +327,15 @@ def add_row(ctx: Ctx, wid: str, label: str, res: dict, base: str, cand: str, tar
         base_bytes=bytes_per_op(res[base], base), cand_bytes=bytes_per_op(res[cand], cand),
         rounds=len(res[base]), conflicts=sum(t.get("conflicts", 0) for t in res[cand]),
     )
+    fuse: dict = {}
+    for t in res[cand]:
+        for op, (n, secs) in t.get("fuse", {}).items():
+            c = fuse.setdefault(op, [0, 0.0])
+            c[0] += n
+            c[1] += secs
+    if fuse:
+        nops = sum(t["ops"] for t in res[cand] if "fuse" in t)
+        row["fuse"] = {op: (n / nops, secs / nops * 1e6, secs / n * 1e6) for op, (n, secs) in fuse.items()}
     row.update(extra or {})
     ctx.rows.append(row)
     log(f"{wid} {label}: {base} {row['base_val']:.1f}{unit}/op, {cand} {row['cand_val']:.1f}{unit}/op, ratio {ratio:.2f}")
@@ -668,6 +744,18 @@ def write_report(ctx: Ctx, out_dir: str, elapsed: float) -> None:
               "| operation | passthrough_ll vs native | txfs vs native | txfs vs passthrough_ll |", "|---|---|---|---|"]
         for r in pt_rows:
             L.append(f"| {r['label']} | {r['pt_ratio']:.2f}× | {r['ratio']:.2f}× | {r['vs_pt']:.2f}× |")
+    traced = [r for r in ctx.rows if r.get("fuse")]
+    if traced:
+        L += ["", "## Where the txfs side's time goes: FUSE requests per operation", "",
+              "From the kernel's `fuse:fuse_request_send/end` tracepoints, filtered to the txfs mount, during the txfs "
+              "trials: requests per workload operation by opcode, µs of request latency (sent → answered, including "
+              "queueing) per operation, and mean µs per request. Top five opcodes by time.", "",
+              "| # | workload (txfs side) | requests/op | top opcodes: n/op, µs/op (µs each) |", "|---|---|---|---|"]
+        for r in traced:
+            ops = sorted(r["fuse"].items(), key=lambda kv: -kv[1][1])
+            total = sum(v[0] for v in r["fuse"].values())
+            top = "; ".join(f"{op} {n:.2f}, {us:.0f} ({each:.0f})" for op, (n, us, each) in ops[:5])
+            L.append(f"| {r['id']} | {r['label']} [{r['cand']}] | {total:.1f} | {top} |")
     if ctx.notes:
         L += ["", "Notes from this run:", ""] + [f"- {n}" for n in ctx.notes]
     L += ["", "![ratios](benchmarks.png)", ""]
@@ -721,6 +809,7 @@ def main() -> None:
     ap.add_argument("--drivers", required=True)
     ap.add_argument("--shim", required=True)
     ap.add_argument("--passthrough", default="")
+    ap.add_argument("--no-trace", action="store_true", help="no FUSE request counting (fuse tracepoints)")
     args = ap.parse_args()
     only = [w.strip().upper() for w in args.only.split(",") if w.strip()]
     for w in only:
@@ -743,6 +832,8 @@ def main() -> None:
                 ctx.notes.append(f"{wid} failed: {str(e).splitlines()[0][:200]}")
             log(f"{wid} done in {time.time() - w0:.1f} s")
     finally:
+        if ctx.trace:
+            ctx.trace.close()
         for m in list(ctx.mounts):
             m.umount()
     write_report(ctx, args.out, time.time() - t0)
