@@ -545,7 +545,7 @@ def label_of(log: str, backing: str) -> Optional[str]:
 def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
     rng = random.Random(args.seed)
     long = args.mode == "long"
-    trials = args.trials if args.trials is not None else (250 if long else 10)
+    trials = args.trials if args.trials is not None else (250 if long else 20)
     workers = 3
     big_max = (24 << 20) if long else (1 << 20)
     base_dir = H.scratch("daemon")
