@@ -46,6 +46,13 @@
  *     and a new level begins, the file change counter (bytes 24..39) is
  *     compared with the one this connection last saw: a difference means the
  *     page cache may be stale, and the operation fails with BUSY_SNAPSHOT.
+ * V5  A commit that only left a nested level (the application's transaction
+ *     decides) may still be aborted; SQLite believes it committed and keeps
+ *     its pages and change counter, which another writer may reach too (the
+ *     counter is then no proof of freshness). So after such a commit the next
+ *     cache check of the pager (its 16-byte read at offset 24 on taking the
+ *     SHARED lock) is answered with a counter that differs from the one it
+ *     holds: the pager drops its cache and re-reads.
  */
 #define _GNU_SOURCE
 #include <sqlite3ext.h>
@@ -87,6 +94,7 @@ typedef struct TxfsFile {
     int committed;         /* the current write tx committed (V1) */
     int doomed;            /* saw EDEADLK in the current level */
     int have_vers;         /* vers holds the change counter last seen (V4) */
+    int stale_cache;       /* V5: SQLite's cache may hold an aborted commit */
     unsigned char vers[16];
 } TxfsFile;
 
@@ -209,6 +217,8 @@ static int level_end(TxfsFile *f, int commit)
     tls.levels--;
     if (tls.app || tls.levels > 0) {
         /* Leave one level; the outermost one decides (nested commit). */
+        if (commit)
+            f->stale_cache = 1; /* V5 */
         int e = ioc_flags(f->fd, TXFS_IOC_COMMIT, 0);
         if (e == TXFS_ECONFLICT)
             return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
@@ -336,6 +346,14 @@ static int txfs_read(sqlite3_file *pf, void *buf, int amt, sqlite3_int64 off)
         memset((char *)buf + got, 0, (size_t)(amt - got));
         return SQLITE_IOERR_SHORT_READ;
     }
+    if (f->stale_cache && off == 24 && amt == 16 && f->lock == SQLITE_LOCK_SHARED) {
+        /* V5: the pager's cache check; it holds the counter we last wrote. */
+        f->stale_cache = 0;
+        if (f->have_vers)
+            memcpy(buf, f->vers, 16);
+        ((unsigned char *)buf)[3] ^= 0xff;
+        return SQLITE_OK;
+    }
     note_vers(f, buf, amt, off);
     return SQLITE_OK;
 }
@@ -409,7 +427,6 @@ static int txfs_lock(sqlite3_file *pf, int level)
     int rc;
     if (f->lock == SQLITE_LOCK_NONE) {
         f->in_level = 0;
-        f->have_vers = 0; /* the pager re-validates its cache itself here */
         rc = level_begin(f);
         if (rc != SQLITE_OK)
             return rc;
