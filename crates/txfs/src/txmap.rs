@@ -20,10 +20,19 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use txfs_engine::TxId;
 
+/// A /proc file in one `read` (std's `read_to_string` grows its buffer
+/// from 32 bytes for files whose size says 0: seven syscalls for `status`).
+fn read_proc(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut buf = Vec::with_capacity(4096);
+    std::fs::File::open(path).ok()?.read_to_end(&mut buf).ok()?;
+    String::from_utf8(buf).ok()
+}
+
 /// Start time of a process or thread (field 22 of /proc/PID/stat), or
 /// `None` if it no longer exists.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let s = read_proc(&format!("/proc/{pid}/stat"))?;
     // The command name may contain spaces and parentheses: split after the last ')'.
     let rest = &s[s.rfind(')')? + 2..];
     rest.split(' ').nth(19)?.parse().ok()
@@ -31,7 +40,7 @@ pub fn start_time(pid: u32) -> Option<u64> {
 
 /// (Tgid, PPid) of a thread.
 fn tgid_ppid(tid: u32) -> Option<(u32, u32)> {
-    let s = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let s = read_proc(&format!("/proc/{tid}/status"))?;
     let mut tgid = None;
     let mut ppid = None;
     for line in s.lines() {
@@ -113,7 +122,8 @@ impl TxMap {
             t.depth += 1;
             return t.tx;
         }
-        let (tx, owned) = match tree_of(&g.trees, tid) {
+        let in_tree = if g.trees.is_empty() { None } else { tree_of(&g.trees, tid) };
+        let (tx, owned) = match in_tree {
             Some(tx) => (tx, false),
             None => (make(), true),
         };
