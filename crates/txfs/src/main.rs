@@ -25,36 +25,107 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// The files section of the long help of the subcommands that use BACKING.
+macro_rules! files_help {
+    () => {
+        "Files (under BACKING/.txfs/, hidden from the mount):
+  journal/EPOCH      the redo journal: committed transactions not yet checkpointed
+  ckpt-EPOCH.plan    a checkpoint in progress (finished by the next mount or recover)
+  spill/             private data of large transactions (past 64 MiB)
+  lock               held by the daemon or by recover: one user at a time
+  daemon.pid         the daemon's pid;  daemon.log  its log when started without -f"
+    };
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Mount BACKING at MOUNTPOINT (recovers BACKING first).
     ///
     /// BACKING is an ordinary directory, possibly full of data; txfs keeps
-    /// its journal under BACKING/.txfs/ and hides it from the mount.
+    /// its journal under BACKING/.txfs/ and hides it from the mount. Without
+    /// -f the daemon detaches once the mount serves; its log goes to
+    /// BACKING/.txfs/daemon.log (TXFS_LOG=debug for more).
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  txfs mount /srv/data /mnt/data\n",
+        "  txfs mount -f -o allow_other /srv/data /mnt/data     # foreground, for systemd\n",
+        "  mount -t fuse.txfs /srv/data /mnt/data               # once /sbin/mount.fuse.txfs -> txfs\n",
+        "  fstab:  /srv/data  /mnt/data  fuse.txfs  defaults,allow_other  0 0\n\n",
+        "Exit status: 0 mounted (or, with -f, unmounted cleanly); 1 on any error.\n\n",
+    ), after_long_help = concat!(
+        "Examples:\n",
+        "  txfs mount /srv/data /mnt/data\n",
+        "  txfs mount -f -o allow_other /srv/data /mnt/data     # foreground, for systemd\n",
+        "  mount -t fuse.txfs /srv/data /mnt/data               # once /sbin/mount.fuse.txfs -> txfs\n",
+        "  fstab:  /srv/data  /mnt/data  fuse.txfs  defaults,allow_other  0 0\n\n",
+        "Exit status: 0 mounted (or, with -f, unmounted cleanly); 1 on any error.\n\n",
+     files_help!()))]
     Mount {
         backing: PathBuf,
         mountpoint: PathBuf,
         /// Stay in the foreground (logs go to stderr).
         #[arg(short = 'f', long)]
         foreground: bool,
-        /// Mount options, comma-separated: allow_other, allow_root, ro, ...
+        /// Mount options, comma-separated: allow_other, allow_root, ro, rw,
+        /// dev, nodev, suid, nosuid, exec, noexec (fstab's defaults, auto,
+        /// noauto, user, _netdev and atime options are accepted and ignored).
         #[arg(short = 'o')]
         options: Vec<String>,
     },
     /// Checkpoint, then unmount.
+    ///
+    /// Unmounts, then waits until the daemon has applied the journal to
+    /// BACKING and exited: afterwards BACKING holds exactly the committed
+    /// state as plain files. Live transactions are aborted.
+    #[command(
+        after_help = "Example:\n  txfs umount /mnt/data\n\nExit status: 0 unmounted; 1 not a txfs mount, or busy."
+    )]
     Umount { mountpoint: PathBuf },
     /// Live transactions, journal use and counters of a mount.
+    ///
+    /// Counters since the mount: commits (every non-transactional operation
+    /// is a one-operation commit too), aborts, conflicts (transactions that
+    /// lost), journal_syncs (fdatasyncs of the journal, shared by group
+    /// commit), checkpoints. Gauges: live_txs, journal_bytes (size of the
+    /// current journal file), checkpoint_lag (committed bytes in the journal
+    /// not yet applied to BACKING; a checkpoint starts past
+    /// checkpoint_threshold), last_seq (sequence number of the last commit).
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  txfs status /mnt/data\n",
+        "  txfs status /mnt/data --json | jq .conflicts\n",
+        "  txfs status /mnt/data --watch 1        # one line a second, with rates\n\n",
+        "Exit status: 0; 1 if MOUNTPOINT is not a txfs mount.",
+    ))]
     Status {
         mountpoint: PathBuf,
+        /// One JSON object.
         #[arg(long)]
         json: bool,
+        /// Print one line every SECONDS until interrupted.
+        #[arg(long, value_name = "SECONDS")]
+        watch: Option<f64>,
     },
     /// Run CMD and all its descendants as one transaction: commit if it
     /// exits 0, abort otherwise; rerun on conflict up to --retries times.
     ///
-    /// Exit status: CMD's own; 75 if it still conflicted after the retries
-    /// (nothing of it survived); 70 if txfs itself failed.
+    /// Every thread of CMD and of every process it forks belongs to the
+    /// transaction; their changes on the mount are invisible to others until
+    /// CMD exits 0, then visible at once and durable. If CMD fails, is
+    /// killed, or the machine crashes first, nothing of it survives. A
+    /// conflict with a concurrent writer aborts the run and runs CMD again
+    /// (CMD must be safe to rerun). Files outside the mount are not part of
+    /// the transaction.
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  txfs run -- sh -c 'cp -r build/* /mnt/data/site/ && ./update-index'\n",
+        "  txfs run --mount /mnt/data -- git commit -am 'all or nothing'\n",
+        "  txfs run --ordered --retries 10 -- ./import.sh\n\n",
+        "Exit status: CMD's own; 75 if it still conflicted after the retries\n",
+        "(nothing of it survived); 70 if txfs itself failed.",
+    ))]
     Run {
+        /// Reruns after a lost conflict.
         #[arg(long, default_value_t = 3)]
         retries: u32,
         /// The mount (default: $TXFS_MOUNT, or the only txfs mount).
@@ -67,10 +138,105 @@ enum Cmd {
         cmd: Vec<std::ffi::OsString>,
     },
     /// Offline: replay the journal into BACKING, leaving plain files.
-    Recover { backing: PathBuf },
+    ///
+    /// For a BACKING that is not mounted (after a crash, before copying or
+    /// backing it up). Replays every committed transaction, finishes an
+    /// interrupted checkpoint, cuts a torn journal tail, removes staging
+    /// files. Idempotent: a crash during recovery is recovered again.
+    #[command(after_help = concat!(
+        "Example:\n  txfs recover /srv/data && rsync -a /srv/data/ backup/\n\n",
+        "A progress line goes to stderr when it is a terminal, or with --progress.\n",
+        "Exit status: 0 recovered; 1 on error (damage before the journal's tail,\n",
+        "BACKING in use by a mount).\n\n",
+    ), after_long_help = concat!(
+        "Example:\n  txfs recover /srv/data && rsync -a /srv/data/ backup/\n\n",
+        "A progress line goes to stderr when it is a terminal, or with --progress.\n",
+        "Exit status: 0 recovered; 1 on error (damage before the journal's tail,\n",
+        "BACKING in use by a mount).\n\n",
+     files_help!()))]
+    Recover {
+        backing: PathBuf,
+        /// Print a progress line to stderr even when it is not a terminal.
+        #[arg(long)]
+        progress: bool,
+    },
     /// Offline: verify the journal and its references into BACKING;
     /// exits 1 on damage. Changes nothing.
-    Check { backing: PathBuf },
+    ///
+    /// Reports each journal file's committed records, a torn tail that
+    /// recovery will cut, an interrupted checkpoint, and any damage.
+    #[command(after_help = concat!(
+        "Example:\n  txfs check /srv/data || echo damaged\n\n",
+        "A progress line goes to stderr when it is a terminal, or with --progress.\n",
+        "Exit status: 0 no damage (a torn tail is not damage); 1 damage or error.\n\n",
+    ), after_long_help = concat!(
+        "Example:\n  txfs check /srv/data || echo damaged\n\n",
+        "A progress line goes to stderr when it is a terminal, or with --progress.\n",
+        "Exit status: 0 no damage (a torn tail is not damage); 1 damage or error.\n\n",
+     files_help!()))]
+    Check {
+        backing: PathBuf,
+        /// Print a progress line to stderr even when it is not a terminal.
+        #[arg(long)]
+        progress: bool,
+    },
+}
+
+/// A progress line on stderr for a long offline run: elapsed time and how
+/// much journal there is to go through (the engine reports no finer steps).
+/// Shown only on a terminal, or when asked for.
+struct Progress {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(what: &'static str, backing: &Path, forced: bool) -> Progress {
+        use std::io::IsTerminal;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if !forced && !std::io::stderr().is_terminal() {
+            return Progress { stop, thread: None };
+        }
+        let journal: u64 = std::fs::read_dir(backing.join(txfs_engine::META_DIR).join("journal"))
+            .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0);
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let t = Instant::now();
+            let mut shown = false;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                // Quiet for the first half second: short runs print nothing.
+                if t.elapsed() > Duration::from_millis(500) {
+                    eprint!("\rtxfs {what}: {} of journal, {:.1} s ", human(journal), t.elapsed().as_secs_f64());
+                    shown = true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            if shown {
+                eprintln!("\rtxfs {what}: {} of journal, done in {:.1} s", human(journal), t.elapsed().as_secs_f64());
+            }
+        });
+        Progress { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        0..=1023 => format!("{bytes} B"),
+        1024..=1048575 => format!("{:.1} KiB", b / 1024.0),
+        1048576..=1073741823 => format!("{:.1} MiB", b / 1048576.0),
+        _ => format!("{:.2} GiB", b / 1073741824.0),
+    }
 }
 
 fn init_logs() {
@@ -254,42 +420,90 @@ fn umount(point: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn status(point: &Path, json: bool) -> Result<(), String> {
-    let dir = std::fs::File::open(point).map_err(|e| format!("{}: {e}", point.display()))?;
+const STATUS_NAMES: [&str; 8] =
+    ["commits", "aborts", "conflicts", "live_txs", "journal_bytes", "journal_syncs", "checkpoints", "last_seq"];
+
+/// The mount's counters (TXFS_IOC_STATUS), plus what follows from them.
+fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'static str, u64)>, String> {
     let mut buf = [0u8; 64];
     // SAFETY: STATUS writes 64 bytes into buf.
     let r = unsafe { libc::ioctl(dir.as_raw_fd(), ioctl::STATUS as _, buf.as_mut_ptr()) };
     if r != 0 {
         return Err(format!("{}: not a txfs mount? ({})", point.display(), std::io::Error::last_os_error()));
     }
-    let names =
-        ["commits", "aborts", "conflicts", "live_txs", "journal_bytes", "journal_syncs", "checkpoints", "last_seq"];
-    let vals: Vec<u64> = (0..8).map(|i| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8"))).collect();
-    if json {
-        let obj: serde_json::Map<String, serde_json::Value> =
-            names.iter().zip(&vals).map(|(n, v)| (n.to_string(), serde_json::Value::from(*v))).collect();
-        println!("{}", serde_json::Value::Object(obj));
-    } else {
-        println!("{}", point.display());
-        for (n, v) in names.iter().zip(&vals) {
-            println!("  {n:<14} {v}");
-        }
-    }
-    Ok(())
+    let mut out: Vec<(&'static str, u64)> = STATUS_NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (*n, u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8"))))
+        .collect();
+    // The journal file starts with its header; the rest is committed
+    // records that the next checkpoint applies to BACKING (it starts a
+    // new, empty journal file).
+    let journal = out[4].1;
+    out.push(("checkpoint_lag", journal.saturating_sub(txfs_engine::journal::FILE_HEADER_LEN)));
+    out.push(("checkpoint_threshold", Options::default().checkpoint_bytes));
+    Ok(out)
 }
 
-fn recover(backing: &Path) -> Result<(), String> {
+fn status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), String> {
+    let dir = std::fs::File::open(point).map_err(|e| format!("{}: {e}", point.display()))?;
+    let vals = read_status(&dir, point)?;
+    if json {
+        let obj: serde_json::Map<String, serde_json::Value> =
+            vals.iter().map(|(n, v)| (n.to_string(), serde_json::Value::from(*v))).collect();
+        println!("{}", serde_json::Value::Object(obj));
+    } else if watch.is_none() {
+        println!("{}", point.display());
+        for (n, v) in &vals {
+            let unit = if n.contains("bytes") || n.starts_with("checkpoint_") {
+                format!("  ({})", human(*v))
+            } else {
+                String::new()
+            };
+            println!("  {n:<21}{v}{unit}");
+        }
+    }
+    let Some(every) = watch else { return Ok(()) };
+    let every = Duration::from_secs_f64(every.max(0.05));
+    println!(
+        "{:>10} {:>9} {:>8} {:>9} {:>5} {:>11} {:>11}",
+        "commits/s", "aborts/s", "confl/s", "syncs/s", "live", "ckpt_lag", "checkpoints"
+    );
+    let mut prev = vals;
+    loop {
+        std::thread::sleep(every);
+        let now = read_status(&dir, point)?;
+        let rate = |i: usize| (now[i].1.saturating_sub(prev[i].1)) as f64 / every.as_secs_f64();
+        println!(
+            "{:>10.0} {:>9.0} {:>8.0} {:>9.0} {:>5} {:>11} {:>11}",
+            rate(0),
+            rate(1),
+            rate(2),
+            rate(5),
+            now[3].1,
+            human(now[8].1),
+            now[6].1
+        );
+        prev = now;
+    }
+}
+
+fn recover(backing: &Path, progress: bool) -> Result<(), String> {
     init_logs();
     let _lock = lock_backing(backing)?;
+    let _progress = Progress::start("recover", backing, progress);
     let engine = open_engine(backing, Options { flush_interval: None, ..Default::default() })?;
     engine.close().map_err(|e| format!("{}: {e}", backing.display()))?;
     println!("{}: recovered; it holds the committed state as plain files", backing.display());
     Ok(())
 }
 
-fn check(backing: &Path) -> Result<bool, String> {
+fn check(backing: &Path, progress: bool) -> Result<bool, String> {
     let fs = RealFs::open(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
-    let rep = txfs_engine::check(&fs).map_err(|e| e.to_string())?;
+    let rep = {
+        let _progress = Progress::start("check", backing, progress);
+        txfs_engine::check(&fs).map_err(|e| e.to_string())?
+    };
     for j in &rep.journals {
         println!("{}: {} committed records, {} bytes", j.path.display(), j.records, j.valid_bytes);
         if let Some((at, why)) = &j.cut {
@@ -318,10 +532,10 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Mount { backing, mountpoint, foreground, options } => mount(&backing, &mountpoint, foreground, &options),
         Cmd::Umount { mountpoint } => umount(&mountpoint),
-        Cmd::Status { mountpoint, json } => status(&mountpoint, json),
+        Cmd::Status { mountpoint, json, watch } => status(&mountpoint, json, watch),
         Cmd::Run { retries, mount, ordered, cmd } => return run::run(mount.as_deref(), retries, ordered, &cmd),
-        Cmd::Recover { backing } => recover(&backing),
-        Cmd::Check { backing } => match check(&backing) {
+        Cmd::Recover { backing, progress } => recover(&backing, progress),
+        Cmd::Check { backing, progress } => match check(&backing, progress) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::from(1),
             Err(e) => Err(e),
