@@ -57,6 +57,7 @@ class Mount:
         os.mkdir(self.mnt)
         os.chmod(self.base, 0o755)
         self.proc: Optional[subprocess.Popen] = None
+        self.stop_error = ""
 
     def __enter__(self) -> "Mount":
         self.start()
@@ -83,7 +84,15 @@ class Mount:
         return self.proc.pid
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None and in_mountinfo(self.mnt)
+        """The daemon runs (not a zombie) and the mount is there. By /proc,
+        not Popen.poll(): a forked child of ours cannot wait for the daemon."""
+        if self.proc is None or not in_mountinfo(self.mnt):
+            return False
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except OSError:
+            return False
 
     def rss_kib(self) -> int:
         """VmRSS of the daemon in KiB (0 if it is gone)."""
@@ -108,13 +117,19 @@ class Mount:
         clean = True
         if self.proc is None:
             return True
-        if in_mountinfo(self.mnt) and self.proc.poll() is None:
+        if in_mountinfo(self.mnt):
             r = subprocess.run([txfs_bin(), "umount", self.mnt], capture_output=True, timeout=120)
             clean = r.returncode == 0
+            if not clean:
+                self.stop_error = f"txfs umount: exit {r.returncode}: {r.stderr.decode(errors='replace').strip()}"
+        deadline = time.monotonic() + 5
+        while in_mountinfo(self.mnt) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for cmd in (["fusermount3", "-u", self.mnt], ["umount", self.mnt], ["umount", "-l", self.mnt]):
             if not in_mountinfo(self.mnt):
                 break
             clean = False
+            self.stop_error += f" still mounted: {' '.join(cmd)}"
             subprocess.run(cmd, capture_output=True, timeout=30)
         try:
             self.proc.wait(timeout=30)
@@ -124,6 +139,7 @@ class Mount:
             self.proc.wait(timeout=10)
         if self.proc.returncode not in (0, None):
             clean = False
+            self.stop_error += f" daemon exit status {self.proc.returncode}"
         self.proc = None
         return clean
 
