@@ -70,3 +70,12 @@ def load(path: Optional[str] = None) -> None:
     finally:
         lib.sqlite3_close(db)
     _loaded = True
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's SQLITE_BUSY: with this VFS, a lost conflict
+    (roll back / abort, and run the whole transaction again)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF == 5  # SQLITE_BUSY, any extended code
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)

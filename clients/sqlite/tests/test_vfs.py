@@ -170,8 +170,25 @@ def test_concurrent_writers_lose_and_duplicate_nothing(db: str) -> None:
             seen_side.extend(side_files(db))
             time.sleep(0.002)
 
+    reads = {"ok": 0, "busy": 0, "bad": []}
+
+    def read() -> None:  # one statement = one snapshot: counter and log agree
+        c = connect(db)
+        while not stop.is_set():
+            try:
+                v, rows = c.execute("SELECT (SELECT v FROM counters), (SELECT count(*) FROM log)").fetchone()
+            except sqlite3.OperationalError as e:
+                assert "locked" in str(e)
+                reads["busy"] += 1
+                continue
+            reads["ok"] += 1
+            if v != rows:
+                reads["bad"].append((v, rows))
+
     t = threading.Thread(target=watch)
     t.start()
+    r = threading.Thread(target=read)
+    r.start()
     procs = [subprocess.Popen(WORKER + ["counter", db, str(n), str(i)], stdout=subprocess.PIPE, text=True)
              for i in range(workers)]
     retries = []
@@ -183,14 +200,16 @@ def test_concurrent_writers_lose_and_duplicate_nothing(db: str) -> None:
     finally:
         stop.set()
         t.join()
+        r.join()
     assert seen_side == []
+    assert reads["bad"] == [] and reads["ok"] > 0, reads
     assert conn.execute("SELECT v FROM counters").fetchone() == (workers * n,)
     assert conn.execute("SELECT count(*), count(DISTINCT worker || '/' || seq) FROM log").fetchone() == (workers * n,) * 2
     # every increment saw a distinct predecessor: no lost update
     assert conn.execute("SELECT count(DISTINCT seen), min(seen), max(seen) FROM log").fetchone() == (
         workers * n, 0, workers * n - 1)
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    print(f"retries per worker: {retries}")
+    print(f"retries per worker: {retries}; reads {reads['ok']} ok, {reads['busy']} busy")
 
 
 def test_conflict_is_busy_and_retry_succeeds(db: str) -> None:
@@ -284,3 +303,42 @@ def test_listing6_in_c(db: str) -> None:
     d = os.path.dirname(db)
     files = [n for n in os.listdir(d) if n.startswith("m")]
     assert sorted(files) == sorted(f"m{i}" for (i,) in conn.execute("SELECT id FROM msg"))
+
+
+def test_listing6_python_retry_loop_under_contention(db: str) -> None:
+    """The README's Listing 6 loop, from three threads at once."""
+    d = os.path.dirname(db)
+    connect(db).execute("CREATE TABLE msg(id INTEGER PRIMARY KEY, path)")
+    retries = []
+
+    def store_all(t: int) -> None:
+        conn = connect(db)
+        n = 0
+        for i in range(15):
+            msg_id = t * 100 + i
+            while True:
+                try:
+                    with txfs.transaction(mount=d):
+                        with open(os.path.join(d, f"m{msg_id}"), "w") as f:
+                            f.write(str(msg_id))
+                        conn.execute("INSERT INTO msg VALUES (?, ?)", (msg_id, f"m{msg_id}"))
+                    break
+                except txfs.Conflict:
+                    n += 1
+                except sqlite3.OperationalError as e:
+                    if not txfs_sqlite.is_busy(e):
+                        raise
+                    n += 1
+        retries.append(n)
+
+    threads = [threading.Thread(target=store_all, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(retries) == 3  # no thread died
+    rows = connect(db).execute("SELECT path FROM msg ORDER BY id").fetchall()
+    assert len(rows) == 45
+    assert sorted(n for n in os.listdir(d) if n.startswith("m")) == sorted(p for (p,) in rows)
+    assert connect(db).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    print(f"retries per thread: {retries}")
