@@ -47,7 +47,8 @@ class Mount:
     """`txfs mount BACKING MNT -f` over fresh temp directories; a context
     manager that always unmounts and stops the daemon it started."""
 
-    def __init__(self, check: str, backing: Optional[str] = None) -> None:
+    def __init__(self, check: str, backing: Optional[str] = None, opts: str = "") -> None:
+        self.opts = opts  # -o OPTS for txfs mount (e.g. allow_other)
         base = os.environ.get("TXFS_REL_TMP") or tempfile.gettempdir()
         self.base = os.path.realpath(tempfile.mkdtemp(prefix=f"txfs-rel-{check}-", dir=base))
         self.backing = backing or os.path.join(self.base, "backing")
@@ -66,7 +67,7 @@ class Mount:
     def start(self) -> None:
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(
-                [txfs_bin(), "mount", self.backing, self.mnt, "-f"],
+                [txfs_bin(), "mount", self.backing, self.mnt, "-f"] + (["-o", self.opts] if self.opts else []),
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + MOUNT_TIMEOUT
