@@ -69,7 +69,7 @@ def commit_big(path: str, mb: int) -> None:
     conn.execute("BEGIN")
     blob = os.urandom(1 << 20)
     for i in range(mb):
-        conn.execute("INSERT INTO big(id, b) VALUES (?, ?)", (i, blob))
+        conn.execute("INSERT INTO big(b) VALUES (?)", (blob,))
     conn.execute("UPDATE meta SET n = n + 1")
     print("committing", flush=True)
     conn.execute("COMMIT")
