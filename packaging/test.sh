@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Packaging checks against a real mount (< 30 s): the Python wheel installs
+# and works outside the source tree; `make install` of clients/c gives a
+# pkg-config file that a program compiles and links with; the systemd unit
+# passes systemd-analyze. Needs $TXFS_BIN (the txfs binary); python3 with
+# setuptools and wheel (or setuptools >= 70.1); a C compiler; pkg-config.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TXFS_BIN=${TXFS_BIN:-$ROOT/target/debug/txfs}
+T=$(mktemp -d "/tmp/${TXFS_TMP_PREFIX:-txfs-packaging.}XXXXXX")
+cleanup() {
+    if grep -q " $T/mnt " /proc/self/mounts; then "$TXFS_BIN" umount "$T/mnt" || fusermount3 -u "$T/mnt" || true; fi
+    grep -q " $T/mnt " /proc/self/mounts || rm -rf "$T"
+}
+trap cleanup EXIT
+mkdir -p "$T/backing" "$T/mnt"
+"$TXFS_BIN" mount "$T/backing" "$T/mnt"
+export TXFS_MOUNT=$T/mnt
+
+echo "== python wheel"
+if ! python3 -c 'import setuptools, sys; from setuptools.command import bdist_wheel' 2>/dev/null &&
+   ! python3 -c 'import wheel' 2>/dev/null; then
+    echo "  SKIPPED: no offline wheel builder (pip install wheel, or setuptools >= 70.1)"
+else
+cp -r clients/python "$T/src"      # build outside the tree: no build/ or egg-info left in it
+rm -rf "$T/src/build" "$T/src"/*.egg-info
+python3 -m pip wheel -q --no-deps --no-build-isolation -w "$T/dist" "$T/src" 2>&1 | grep -v "running pip as the 'root'" || true
+whl=$(ls "$T"/dist/txfs_client-*.whl)
+python3 -m pip install -q --no-deps --no-index --target "$T/site" "$whl" 2>&1 | grep -v "Running pip as the 'root'" || true
+(cd "$T" && PYTHONPATH="$T/site" python3 - <<'PY'
+import os, txfs
+assert txfs.__file__.startswith(os.environ["PYTHONPATH"]), txfs.__file__
+assert os.path.exists(os.path.join(os.path.dirname(txfs.__file__), "py.typed"))
+before = txfs.status()["commits"]
+with txfs.transaction():
+    with open(os.path.join(os.environ["TXFS_MOUNT"], "from-wheel"), "w") as f:
+        f.write("ok")
+assert txfs.status()["commits"] > before
+print("  wheel", os.path.basename(os.environ.get("WHL", "")) or "ok", "imports from", os.path.dirname(txfs.__file__))
+PY
+)
+fi
+
+echo "== C library: make install, pkg-config"
+make -s -C clients/c install PREFIX="$T/prefix" >/dev/null
+export PKG_CONFIG_PATH=$T/prefix/lib/pkgconfig
+pkg-config --exists txfs
+cat > "$T/prog.c" <<'C'
+#include <stdio.h>
+#include <txfs.h>
+int main(int argc, char **argv) {
+    if (fs_tx_begin() != 0) { perror("fs_tx_begin"); return 1; }
+    FILE *f = fopen(argv[1], "w");
+    if (!f || fputs("ok\n", f) < 0 || fclose(f) != 0) { perror(argv[1]); fs_tx_abort(); return 1; }
+    if (fs_tx_commit() != 0) { perror("fs_tx_commit"); return 1; }
+    return argc == 2 ? 0 : 1;
+}
+C
+# shellcheck disable=SC2046
+cc -o "$T/prog" "$T/prog.c" $(pkg-config --cflags --libs txfs) -Wl,-rpath,"$(pkg-config --variable=libdir txfs)"
+"$T/prog" "$T/mnt/from-c"
+test "$(cat "$T/mnt/from-c")" = ok
+cc -static-libgcc -o "$T/prog-static" "$T/prog.c" -I"$T/prefix/include" "$T/prefix/lib/libtxfs.a"
+"$T/prog-static" "$T/mnt/from-c-static"
+echo "  pkg-config: $(pkg-config --cflags --libs txfs)"
+
+echo "== systemd unit"
+if command -v systemd-analyze >/dev/null; then
+    mkdir -p "$T/unit"
+    sed "s|/usr/local/bin/txfs|$TXFS_BIN|" packaging/txfs@.service > "$T/unit/txfs@data.service"
+    systemd-analyze verify "$T/unit/txfs@data.service"
+    echo "  systemd-analyze verify: ok"
+else
+    echo "  (systemd-analyze not installed: skipped)"
+fi
+echo "packaging: ok"
