@@ -519,7 +519,7 @@ SENTINEL = b"committed before the bad input began\n" * 100
 
 
 def main() -> None:
-    args = parse_args("Bad input against a txfs mount: clear errnos, a live daemon, no data lost.")
+    args = parse_args("Bad input against a txfs mount: clear errnos, a live daemon, no data lost.", "badinput.py", "bad input", "bad input")
     t0 = time.monotonic()
     rng = random.Random(args.seed)
     print(f"badinput: seed {args.seed} ({args.mode})", flush=True)

@@ -592,7 +592,7 @@ def run_in_child(seed: int, nops: int, deadline: float) -> Dict[str, Any]:
 
 
 def main() -> None:
-    args = parse_args("fsx-like random exerciser of a txfs mount, checked against a model.")
+    args = parse_args("fsx-like random exerciser of a txfs mount, checked against a model.", "fsx.py", "fsx exerciser", "exerciser")
     t0 = time.monotonic()
     runs = 4 if args.mode == "quick" else 12
     nops = 4000 if args.mode == "quick" else 50000

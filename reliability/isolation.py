@@ -519,7 +519,7 @@ PLANS = {
 
 
 def main() -> None:
-    args = parse_args("Record histories of concurrent transactions on a txfs mount and check them for anomalies.")
+    args = parse_args("Record histories of concurrent transactions on a txfs mount and check them for anomalies.", "isolation.py", "isolation histories", "isolation")
     t_start = time.monotonic()
     rng = random.Random(args.seed)
     print(f"isolation: seed {args.seed} ({args.mode})", flush=True)

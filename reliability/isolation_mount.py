@@ -34,7 +34,7 @@ MOUNT_TIMEOUT = 15.0
 def txfs_bin() -> str:
     b = os.environ.get("TXFS_BIN") or os.path.join(ROOT, "target", "debug", "txfs")
     if not os.path.exists(b):
-        sys.exit(f"txfs binary {b} not found: cargo build -p txfs-fuse (or set TXFS_BIN)")
+        raise FileNotFoundError(f"txfs binary {b} not found: cargo build -p txfs-fuse (or set TXFS_BIN)")
     return b
 
 
@@ -61,7 +61,11 @@ class Mount:
         self.stop_error = ""
 
     def __enter__(self) -> "Mount":
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def start(self) -> None:
@@ -150,7 +154,7 @@ class Mount:
             shutil.rmtree(self.base, ignore_errors=True)
 
 
-def parse_args(description: str) -> argparse.Namespace:
+def parse_args(description: str, script: str = "", check: str = "", level: str = "") -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the CI-sized run (default)")
@@ -161,6 +165,19 @@ def parse_args(description: str) -> argparse.Namespace:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 2**31)
     args.mode = "long" if args.long else "quick"
+    if script:
+        started = time.monotonic()
+
+        def crashed(typ: Any, value: Any, tb: Any) -> None:
+            # the check itself broke (mount failed, daemon vanished, ...): still
+            # leave a row that says so, then the usual traceback
+            if args.json and typ is not KeyboardInterrupt:
+                r = row(check, level, 0, 1, 0, time.monotonic() - started, command(script, args))
+                with open(args.json, "w") as f:
+                    json.dump({"rows": [r], "notes": [f"{check}: the check crashed: {typ.__name__}: {value}"]}, f, indent=2)
+            sys.__excepthook__(typ, value, tb)
+
+        sys.excepthook = crashed
     return args
 
 

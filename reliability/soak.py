@@ -169,7 +169,7 @@ def sample(m: Mount) -> Tuple[int, int]:
 
 
 def main() -> None:
-    args = parse_args("Soak a txfs mount with many clients; watch the daemon's memory.")
+    args = parse_args("Soak a txfs mount with many clients; watch the daemon's memory.", "soak.py", "soak", "soak")
     t0 = time.monotonic()
     rng = random.Random(args.seed)
     if args.mode == "quick":
