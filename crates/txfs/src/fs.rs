@@ -63,6 +63,8 @@ use txfs_engine::{Attr, DirEntry, Durability, Engine, Error, FileKind, ObjId, Se
 const TTL: Duration = Duration::ZERO;
 /// Entries and attributes while the cache gate is open (no live transaction).
 const CACHE_TTL: Duration = Duration::from_secs(1);
+/// Entries and attributes of a transaction view: they change only through it.
+const VIEW_TTL: Duration = Duration::from_secs(3600);
 
 /// Kernel caching of entries and attributes, allowed only while no
 /// transaction is live (DESIGN §9, "The cache gate"). The kernel's dentry
@@ -79,6 +81,9 @@ const CACHE_TTL: Duration = Duration::from_secs(1);
 /// when the last transaction ends.
 #[derive(Default)]
 pub struct CacheGate {
+    /// A transaction view (`txfs run`'s own mount): everything it is told
+    /// is its transaction's and only it can ask, so it always caches.
+    view: bool,
     open: parking_lot::RwLock<bool>,
     /// Node ids answered with a nonzero attribute TTL since the gate opened.
     cached: Mutex<std::collections::HashSet<u64>>,
@@ -105,6 +110,9 @@ impl CacheGate {
     /// Runs `send(ttl)` with the TTL a reply about node `ino` for `tx` may
     /// carry, holding the gate so that it cannot close in between.
     fn reply<R>(&self, tx: Option<TxId>, ino: u64, send: impl FnOnce(&Duration) -> R) -> R {
+        if self.view {
+            return send(&VIEW_TTL);
+        }
         let g = self.open.read();
         if *g && tx.is_none() && ino < PRIVATE_BASE {
             self.cached.lock().insert(ino);
@@ -186,6 +194,10 @@ pub struct TxFs {
     private: Arc<Mutex<Private>>,
     /// Kernel caching while no transaction is live.
     pub gate: Arc<CacheGate>,
+    /// `Some(tx)`: this is the transaction view of a `txfs run` (its own
+    /// FUSE connection, mounted over the mount point in the command's mount
+    /// namespace): every request on it is `tx`'s, whoever sends it.
+    view: Option<TxId>,
 }
 
 /// An open directory's transaction (of the opener) and its listing, taken at
@@ -351,7 +363,70 @@ impl TxFs {
             invalidator: Mutex::new(tx),
             private,
             gate,
+            view: None,
         }
+    }
+
+    /// The transaction view of `tx`: the same engine, its own handles and
+    /// node ids, no private ids, no invalidation (nothing but the
+    /// transaction changes what it shows).
+    fn new_view(&self, tx: TxId) -> TxFs {
+        let (dead_end, _) = std::sync::mpsc::channel();
+        TxFs {
+            engine: self.engine.clone(),
+            txs: self.txs.clone(),
+            backing: self.backing.clone(),
+            handles: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            notifier: Arc::new(std::sync::OnceLock::new()),
+            invalidator: Mutex::new(dead_end),
+            private: Arc::default(),
+            gate: Arc::new(CacheGate { view: true, ..CacheGate::default() }),
+            view: Some(tx),
+        }
+    }
+
+    /// Serves the transaction view of `tx` on the `/dev/fuse` descriptor
+    /// `devfd` of process `caller` (`txfs run`, whose child mounted it over
+    /// the mount point in its own mount namespace before asking).
+    fn serve_view(&self, caller: u32, devfd: i32, tx: TxId) -> std::io::Result<()> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let sys = |r: libc::c_long| -> std::io::Result<OwnedFd> {
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: a descriptor the kernel just gave us.
+            Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+        };
+        // SAFETY: plain syscalls on integers.
+        let pidfd = sys(unsafe { libc::syscall(libc::SYS_pidfd_open, caller as libc::pid_t, 0) })?;
+        // SAFETY: as above.
+        let dev = sys(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), devfd, 0) })?;
+        // It must be /dev/fuse (10:229), mounted already: INIT is waiting.
+        // SAFETY: fstat into a zeroed struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(dev.as_raw_fd(), &mut st) } != 0 || st.st_rdev != libc::makedev(10, 229) {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let mut pfd = libc::pollfd { fd: dev.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, 5000) } != 1 {
+            return Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+        }
+        let mut config = fuser::Config::default();
+        config.n_threads = Some(2);
+        config.acl = fuser::SessionACL::All;
+        let session = fuser::Session::from_fd(self.new_view(tx), dev, fuser::SessionACL::All, config)?;
+        std::thread::Builder::new().name(format!("txfs-view-{}", tx.0)).spawn(move || {
+            // Ends when the last process of the command's namespace is gone.
+            if let Err(e) = session.run() {
+                tracing::debug!(%tx, "transaction view ended: {e}");
+            }
+        })?;
+        tracing::info!(%tx, caller, "serving a transaction view");
+        Ok(())
     }
 
     /// The engine object behind a kernel node id.
@@ -377,6 +452,9 @@ impl TxFs {
     /// The view for a request on node `ino`: a private node's owner, else
     /// the caller's transaction.
     fn tx_at(&self, req: &Request, ino: INodeNo) -> Option<TxId> {
+        if self.view.is_some() {
+            return self.view;
+        }
         match self.private_owner(ino) {
             Some(owner) => owner,
             None => self.tx(req),
@@ -388,7 +466,7 @@ impl TxFs {
     /// mappings fault in (its view) stay in a page cache only it reaches.
     /// Files it created are reachable by nobody else anyway.
     fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> u64 {
-        let Some(t) = tx else { return o.0 };
+        let Some(t) = tx.filter(|_| self.view.is_none()) else { return o.0 };
         if kind != FileKind::File {
             return o.0;
         }
@@ -442,11 +520,17 @@ impl TxFs {
     }
 
     fn tx(&self, req: &Request) -> Option<TxId> {
+        if self.view.is_some() {
+            return self.view;
+        }
         self.txs.of(req.pid())
     }
 
     /// The caller's transaction, or for caller-less requests the handle's.
     fn tx_fh(&self, req: &Request, fh: FileHandle) -> Option<TxId> {
+        if self.view.is_some() {
+            return self.view;
+        }
         if req.pid() == 0 {
             return self.handles.lock().get(&fh.0).and_then(|h| h.tx);
         }
@@ -462,7 +546,9 @@ impl TxFs {
         self.engine.open_obj(o)?;
         let fh = self.new_fh();
         self.handles.lock().insert(fh, Handle { obj: o, tx, append: flags & libc::O_APPEND != 0 });
-        Ok((fh, FopenFlags::FOPEN_DIRECT_IO))
+        // A view's pages are its transaction's: the kernel may keep them.
+        let fopen = if self.view.is_some() { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::FOPEN_DIRECT_IO };
+        Ok((fh, fopen))
     }
 
     /// Runs one ioctl; returns the reply data and the files whose cached
@@ -522,11 +608,25 @@ impl TxFs {
                         if self.txs.tree(pid).is_some() {
                             return Err(Errno::from_i32(libc::EEXIST));
                         }
+                        if self.view.is_some() {
+                            // `txfs run` inside `txfs run`: the view is already one transaction.
+                            return Err(Errno::from_i32(libc::EBUSY));
+                        }
                         let tx = self.gate.close_then(self.notifier.get(), || {
                             let tx = self.engine.begin();
                             self.txs.add_tree(pid, caller, tx);
                             tx
                         });
+                        if flags & ioctl::RUN_VIEW != 0 {
+                            let devfd = ioctl::u32_at(data, 12) as i32;
+                            if let Err(e) = self.serve_view(caller, devfd, tx) {
+                                tracing::warn!(pid, %tx, "cannot serve a transaction view: {e}");
+                                self.txs.remove_tree(pid);
+                                let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, tx, None);
+                                self.after(pages, || {});
+                                return Err(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
+                            }
+                        }
                         tracing::info!(pid, %tx, "process tree transaction begins");
                         Ok((Vec::new(), Vec::new()))
                     }
@@ -613,6 +713,10 @@ impl Filesystem for TxFs {
     }
 
     fn destroy(&mut self) {
+        if let Some(tx) = self.view {
+            tracing::debug!(%tx, "transaction view unmounted");
+            return;
+        }
         tracing::info!("unmounting: checkpointing");
         if let Err(e) = self.engine.shutdown() {
             tracing::error!("final checkpoint failed: {e}");
@@ -814,7 +918,7 @@ impl Filesystem for TxFs {
         // node's pages are its transaction's; a shared node's pages are
         // everyone's, so they hold committed data — except for an object
         // the caller's transaction created, which nobody else can reach.
-        let tx = if lock_owner.is_some() {
+        let tx = if lock_owner.is_some() || self.view.is_some() {
             self.tx_fh(req, fh)
         } else {
             match self.private_owner(ino) {
@@ -842,7 +946,12 @@ impl Filesystem for TxFs {
     ) {
         // Write-back of a shared writable mapping: applied as a plain write
         // (module docs), never into whichever transaction happens to be near.
-        let tx = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) { None } else { self.tx_fh(req, fh) };
+        // In a transaction view even a write-back is the transaction's.
+        let tx = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && self.view.is_none() {
+            None
+        } else {
+            self.tx_fh(req, fh)
+        };
         let Some((o, append)) = self.handles.lock().get(&fh.0).map(|h| (h.obj, h.append)) else {
             return reply.error(Errno::EBADF);
         };

@@ -25,6 +25,9 @@ pub const COMMIT_ORDERED: u32 = 0x1;
 pub const RUN_BEGIN: u32 = 1;
 pub const RUN_COMMIT: u32 = 2;
 pub const RUN_ABORT: u32 = 3;
+/// RUN_BEGIN flag: serve the tree a transaction view on the `/dev/fuse`
+/// descriptor whose number (in the caller) is the fourth u32.
+pub const RUN_VIEW: u32 = 0x2;
 
 pub fn u32_at(b: &[u8], i: usize) -> u32 {
     b.get(i..i + 4).map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes"))).unwrap_or(0)

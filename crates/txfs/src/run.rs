@@ -3,6 +3,15 @@
 //! The child is forked, registered with the daemon as the root of a
 //! process-tree transaction (TXFS_IOC_RUN), and only then allowed to exec
 //! CMD, so its very first file-system request is already transactional.
+//!
+//! The transaction view (as root; `TXFS_RUN_VIEW=0` turns it off): the
+//! child enters a mount namespace of its own and mounts a second FUSE
+//! connection over the mount point, which the daemon serves as nothing but
+//! this transaction (DESIGN §9). The kernel may then cache the command's
+//! entries, attributes and pages for as long as it likes — nobody else can
+//! reach them — instead of asking the daemon at every path component.
+//! Other processes keep seeing the shared mount. Without the view (not
+//! root, an old daemon) requests are attributed by the process tree.
 
 use crate::{ioctl, mounts};
 use std::ffi::{CString, OsString};
@@ -14,16 +23,67 @@ use std::process::ExitCode;
 const EX_TEMPFAIL: u8 = 75;
 const EX_SOFTWARE: u8 = 70;
 
-fn run_ioctl(mount: &std::fs::File, pid: u32, op: u32, flags: u32) -> std::io::Result<()> {
+fn run_ioctl(mount: &std::fs::File, pid: u32, op: u32, flags: u32, devfd: i32) -> std::io::Result<()> {
     let mut arg = [0u8; 16];
     arg[0..4].copy_from_slice(&pid.to_le_bytes());
     arg[4..8].copy_from_slice(&op.to_le_bytes());
     arg[8..12].copy_from_slice(&flags.to_le_bytes());
+    arg[12..16].copy_from_slice(&devfd.to_le_bytes());
     // SAFETY: RUN reads 16 bytes from arg.
     if unsafe { libc::ioctl(mount.as_raw_fd(), ioctl::RUN as _, arg.as_ptr()) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The `/dev/fuse` descriptor of a transaction view, and its mount options.
+struct View {
+    dev: i32,
+    opts: CString,
+}
+
+impl View {
+    fn open() -> Option<View> {
+        // SAFETY: open(2) of a constant path.
+        let dev = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if dev < 0 {
+            return None;
+        }
+        // SAFETY: getegid cannot fail.
+        let gid = unsafe { libc::getegid() };
+        let opts = format!("fd={dev},rootmode=40000,user_id=0,group_id={gid},allow_other,default_permissions");
+        Some(View { dev, opts: CString::new(opts).expect("no NUL") })
+    }
+
+    /// In the forked child: a mount namespace of its own, the view mounted
+    /// over `point`. Async-signal-safe.
+    unsafe fn mount_in_child(&self, point: &CString) -> bool {
+        // SAFETY: syscalls on valid C strings (the caller is the forked child).
+        unsafe {
+            libc::unshare(libc::CLONE_NEWNS) == 0
+                && libc::mount(
+                    c"none".as_ptr(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) == 0
+                && libc::mount(
+                    c"txfs-view".as_ptr(),
+                    point.as_ptr(),
+                    c"fuse.txfs-view".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    self.opts.as_ptr().cast(),
+                ) == 0
+        }
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        // SAFETY: our descriptor (the daemon holds its own copy by now).
+        unsafe { libc::close(self.dev) };
+    }
 }
 
 pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) -> ExitCode {
@@ -51,10 +111,19 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
     let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     ptrs.push(std::ptr::null());
     let flags = if ordered { ioctl::COMMIT_ORDERED } else { 0 };
+    let want_view = std::env::var_os("TXFS_RUN_VIEW").is_none_or(|v| v != "0")
+        // SAFETY: geteuid cannot fail.
+        && unsafe { libc::geteuid() } == 0;
+    let point_c = CString::new(point.as_os_str().as_bytes()).expect("a mount point has no NUL");
+    let cwd_c = std::env::current_dir().ok().and_then(|d| CString::new(d.as_os_str().as_bytes()).ok());
     for attempt in 0..=retries {
-        let mut fds = [0i32; 2];
-        // SAFETY: fds is a valid 2-element array.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        let view = if want_view { View::open() } else { None };
+        let mut go = [0i32; 2];
+        let mut ready = [0i32; 2];
+        // SAFETY: valid 2-element arrays.
+        if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+            || unsafe { libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+        {
             eprintln!("txfs run: pipe: {}", std::io::Error::last_os_error());
             return ExitCode::from(EX_SOFTWARE);
         }
@@ -65,27 +134,66 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
             return ExitCode::from(EX_SOFTWARE);
         }
         if pid == 0 {
-            // SAFETY: child side: wait for the go byte, then exec.
+            // SAFETY: child side: async-signal-safe syscalls only, then exec.
             unsafe {
-                libc::close(fds[1]);
+                libc::close(go[1]);
+                libc::close(ready[0]);
+                let mounted = view.as_ref().is_some_and(|v| v.mount_in_child(&point_c));
+                let r: u8 = if mounted { b'v' } else { b'r' };
+                libc::write(ready[1], (&r as *const u8).cast(), 1);
+                libc::close(ready[1]);
                 let mut b = 0u8;
-                let n = libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
-                if n != 1 || b != b'g' {
+                let n = libc::read(go[0], (&mut b as *mut u8).cast(), 1);
+                if n == 1 && b == b'u' {
+                    // The daemon would not serve the view: take it away again.
+                    libc::umount2(point_c.as_ptr(), libc::MNT_DETACH);
+                    let n = libc::read(go[0], (&mut b as *mut u8).cast(), 1);
+                    if n != 1 {
+                        libc::_exit(EX_SOFTWARE as i32);
+                    }
+                }
+                if b != b'g' {
                     libc::_exit(EX_SOFTWARE as i32);
+                }
+                if mounted {
+                    // Re-resolve the working directory through the view.
+                    if let Some(c) = &cwd_c {
+                        libc::chdir(c.as_ptr());
+                    }
                 }
                 libc::execvp(ptrs[0], ptrs.as_ptr());
                 libc::_exit(127);
             }
         }
-        // SAFETY: closing our copy of the read end.
-        unsafe { libc::close(fds[0]) };
-        let registered = run_ioctl(&dir, pid as u32, ioctl::RUN_BEGIN, 0);
-        let go: u8 = if registered.is_ok() { b'g' } else { b'x' };
-        // SAFETY: writing one byte to our pipe end, then closing it.
+        // SAFETY: closing our copies of the child's ends.
         unsafe {
-            libc::write(fds[1], (&go as *const u8).cast(), 1);
-            libc::close(fds[1]);
+            libc::close(go[0]);
+            libc::close(ready[1]);
         }
+        let mut r = 0u8;
+        // SAFETY: one byte into a local.
+        let n = unsafe { libc::read(ready[0], (&mut r as *mut u8).cast(), 1) };
+        // SAFETY: our end.
+        unsafe { libc::close(ready[0]) };
+        let send = |b: u8| {
+            // SAFETY: one byte to our pipe end.
+            unsafe { libc::write(go[1], (&b as *const u8).cast(), 1) };
+        };
+        let mut registered = Err(std::io::Error::from_raw_os_error(libc::ECHILD));
+        if n == 1 && r == b'v' {
+            let devfd = view.as_ref().map_or(-1, |v| v.dev);
+            registered = run_ioctl(&dir, pid as u32, ioctl::RUN_BEGIN, ioctl::RUN_VIEW, devfd);
+            if registered.is_err() {
+                send(b'u');
+            }
+        }
+        drop(view);
+        if n == 1 && registered.is_err() {
+            registered = run_ioctl(&dir, pid as u32, ioctl::RUN_BEGIN, 0, -1);
+        }
+        send(if registered.is_ok() { b'g' } else { b'x' });
+        // SAFETY: our end.
+        unsafe { libc::close(go[1]) };
         let mut status = 0i32;
         // SAFETY: waiting for our own child.
         while unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
@@ -105,7 +213,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
             EX_SOFTWARE as i32
         };
         if code != 0 {
-            let lost = run_ioctl(&dir, pid as u32, ioctl::RUN_ABORT, 0)
+            let lost = run_ioctl(&dir, pid as u32, ioctl::RUN_ABORT, 0, -1)
                 .is_err_and(|e| e.raw_os_error() == Some(libc::EDEADLK));
             if lost {
                 // It failed because an operation lost a conflict: rerun it.
@@ -119,7 +227,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
             eprintln!("txfs run: command exited with status {code}: transaction aborted");
             return ExitCode::from(code as u8);
         }
-        match run_ioctl(&dir, pid as u32, ioctl::RUN_COMMIT, flags) {
+        match run_ioctl(&dir, pid as u32, ioctl::RUN_COMMIT, flags, -1) {
             Ok(()) => return ExitCode::SUCCESS,
             Err(e) if e.raw_os_error() == Some(libc::EDEADLK) => {
                 if attempt < retries {

@@ -194,3 +194,55 @@ fn run_retries_when_the_conflict_hits_an_operation() {
     assert_eq!(st.code(), Some(0), "txfs run did not retry after a conflict at an operation; stderr:\n{err}");
     assert_eq!(std::fs::read_to_string(m.path("c")).unwrap(), "11\n");
 }
+
+/// As root, `txfs run` mounts the transaction's own view over the mount
+/// point in a private mount namespace (DESIGN §9): the command's working
+/// directory and paths resolve through it, nobody else sees it, and
+/// `TXFS_RUN_VIEW=0` falls back to attribution by process tree with the
+/// same effect.
+#[test]
+fn run_serves_a_transaction_view_and_falls_back_without_it() {
+    let m = Mount::with_backing(|b| std::fs::write(b.join("old"), "o").unwrap());
+    let outside_dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(m.mnt()).unwrap());
+    let script = format!(
+        "grep -c ' fuse.txfs-view ' /proc/self/mountinfo; stat -c %d . {mnt}; echo x > v; cat v old; rm old; \
+         ls {mnt}",
+        mnt = m.mnt().display()
+    );
+    for (view, name) in [(true, "v"), (false, "v")] {
+        let mut c = m.run_cmd(&[], &["sh", "-c", &script]);
+        if !view {
+            c.env("TXFS_RUN_VIEW", "0");
+        }
+        let out = c.output().unwrap();
+        check_ok(&out, "txfs run");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], if view { "1" } else { "0" }, "view={view}: mounts of the view: {text}");
+        let (cwd_dev, mnt_dev): (u64, u64) = (lines[1].parse().unwrap(), lines[2].parse().unwrap());
+        assert_eq!(cwd_dev, mnt_dev, "view={view}: the working directory resolves like the mount point");
+        assert_eq!(mnt_dev != outside_dev, view, "view={view}: the command's mount point device");
+        assert_eq!(&lines[3..], ["x", &format!("o{name}")], "view={view}: the command sees its own changes");
+        assert_eq!(names(m.mnt()), [name], "view={view}: committed");
+        assert_eq!(std::fs::read_to_string(m.path("v")).unwrap(), "x\n");
+        // Put it back for the next round.
+        std::fs::write(m.path("old"), "o").unwrap();
+        std::fs::remove_file(m.path("v")).unwrap();
+    }
+    assert!(m.log_text().contains("serving a transaction view"), "the daemon log says so");
+    // In the view even a shared writable mapping is the transaction's: the
+    // kernel writes it back through the view before the command's last
+    // process is gone (here: no msync, no munmap, _exit).
+    std::fs::write(m.path("mm"), "aaaaaaaa").unwrap();
+    let py = "import mmap, os, sys\nfd = os.open('mm', os.O_RDWR)\nm = mmap.mmap(fd, 8)\nm[0:4] = b'BBBB'\n\
+              os._exit(int(sys.argv[1]))";
+    for (code, want) in [(1, "aaaaaaaa"), (0, "BBBBaaaa")] {
+        let out = m.run_cmd(&[], &[python(), "-c", py, &code.to_string()]).output().unwrap();
+        assert_eq!(out.status.code(), Some(code), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read_to_string(m.path("mm")).unwrap(), want, "mapping written, exit {code}");
+    }
+    // The view is gone with the command: no mount left behind anywhere.
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mi.contains("fuse.txfs-view"), "a transaction view leaked into the test's namespace");
+    assert_eq!(m.live_txs(), 0);
+}
