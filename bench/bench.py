@@ -701,6 +701,21 @@ def fmt_bytes(b: float) -> str:
     return f"{b / 1024:.1f}" if b < 10 * 2**20 else f"{b / 2**20:.0f} Mi"
 
 
+def merge_previous(ctx: Ctx, out_dir: str, only: list) -> None:
+    """--only: keep the other workloads' rows of the last report in out_dir."""
+    path = os.path.join(out_dir, "benchmarks.json")
+    if not only or not os.path.exists(path):
+        return
+    with open(path) as f:
+        old = json.load(f)
+    keep = [r for r in old.get("rows", []) if r["id"] not in only]
+    order = list(WORKLOADS)
+    ctx.rows = sorted(keep + ctx.rows, key=lambda r: order.index(r["id"]))
+    ctx.notes = [n for n in old.get("notes", []) if n.split(":")[0].split()[0] not in only] + ctx.notes
+    ctx.notes.append(f"{', '.join(only)} rerun separately ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); "
+                     "the other rows come from the previous run.")
+
+
 def write_report(ctx: Ctx, out_dir: str, elapsed: float) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "benchmarks.json"), "w") as f:
@@ -836,6 +851,7 @@ def main() -> None:
             ctx.trace.close()
         for m in list(ctx.mounts):
             m.umount()
+    merge_previous(ctx, args.out, only)
     write_report(ctx, args.out, time.time() - t0)
     log(f"wrote {args.out}/BENCHMARKS.md ({len(ctx.rows)} rows) in {time.time() - t0:.0f} s")
     if failed:
