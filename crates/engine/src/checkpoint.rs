@@ -620,22 +620,48 @@ pub(crate) fn run(st: &mut State, sync: &SyncState) -> Result<()> {
         remove_released_orphans(st);
         return Ok(());
     }
-    let res = run_inner(st, sync);
+    let mut started = false;
+    let res = run_inner(st, sync, &mut started);
     if let Err(e) = &res {
-        // The backing tree may be half-way through the plan; in-memory
-        // locations no longer match it. Recovery finishes the plan.
-        st.poisoned = Some(format!("checkpoint failed: {e}"));
+        if started {
+            // The backing tree may be half-way through the plan; in-memory
+            // locations no longer match it. Recovery finishes the plan.
+            st.poisoned = Some(format!("checkpoint failed: {e}"));
+        }
     }
     res
 }
 
-fn run_inner(st: &mut State, sync: &SyncState) -> Result<()> {
+/// What a plan may need on the backing file system at most: every data
+/// byte it writes, a block per object it creates or moves, its own file and
+/// the next journal's header — plus a margin for directory blocks.
+fn space_needed(plan: &Plan) -> u64 {
+    let data: u64 = plan.data.iter().flat_map(|d| d.extents.iter()).map(|(_, len, _)| len.div_ceil(4096) * 4096).sum();
+    let objects = (plan.out.len() + plan.place.len() + plan.data.len()) as u64;
+    data + objects * 4096 + (1 << 20)
+}
+
+fn run_inner(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<()> {
     let (plan, upd) = build(st)?;
     let storage = st.storage.clone();
+    // Not enough room: fail before the backing tree changes, so nothing is
+    // poisoned and the next attempt (once space is freed) simply runs.
+    if let Some(free) = storage.free_bytes().ctx("checkpoint", || "statvfs of the backing tree".into())? {
+        let need = space_needed(&plan);
+        if free < need {
+            return Err(Error::io(
+                "checkpoint",
+                format!("backing file system has {free} bytes free, the checkpoint needs up to {need}"),
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            ));
+        }
+    }
     // The plan reads extents from the journal: every record it covers must
     // be durable before the plan is (an ordered commit may have slipped in
     // since the caller's sync).
     st.journal.file.sync_data().ctx("journal sync", || st.journal.path.display().to_string())?;
+    // From here on a failure may leave the plan half-done.
+    *started = true;
     persist(&*storage, &plan)?;
     let jf = st.journal.file.clone();
     execute(&*storage, &plan, &*jf)?;

@@ -1378,6 +1378,7 @@ impl Drop for Engine {
 fn background(sh: Arc<Shared>, iv: Duration) {
     let step = Duration::from_millis(10).min(iv);
     let mut waited = Duration::ZERO;
+    let mut postponed = false;
     while !sh.stop.load(Ordering::Relaxed) {
         std::thread::sleep(step);
         waited += step;
@@ -1401,8 +1402,16 @@ fn background(sh: Arc<Shared>, iv: Duration) {
                 continue;
             }
             let mut st = sh.state.lock();
-            if let Err(e) = checkpoint::run(&mut st, &sh.sync) {
-                tracing::error!("background checkpoint failed: {e}");
+            match checkpoint::run(&mut st, &sh.sync) {
+                Ok(()) => postponed = false,
+                // Not started (no room): retried every interval, said once.
+                Err(e) if st.poisoned.is_none() => {
+                    if !postponed {
+                        tracing::error!("background checkpoint postponed: {e}");
+                    }
+                    postponed = true;
+                }
+                Err(e) => tracing::error!("background checkpoint failed: {e}"),
             }
         }
     }

@@ -120,6 +120,9 @@ impl Storage for SmallDisk {
         let inner = self.inner.open_file(p, create)?;
         Ok(Arc::new(SmallFile { inner, left: self.left.clone() }))
     }
+    fn free_bytes(&self) -> io::Result<Option<u64>> {
+        Ok(Some(self.left.load(Ordering::SeqCst)))
+    }
 }
 
 fn opts(spill: u64) -> Options {
@@ -195,5 +198,45 @@ fn a_commit_that_does_not_fit_fails_whole_with_enospc() {
     let e = Engine::open(disk.clone(), opts(64 << 20)).unwrap();
     assert_eq!(dump_engine(&e, None), after);
     assert_eq!(e.read(None, e.resolve(None, Path::new("keep")).unwrap(), 0, 9).unwrap(), b"COMMITTED");
+    e.close().unwrap();
+}
+
+/// Story: the disk is too full for a checkpoint. The checkpoint is not
+/// started (the backing tree is untouched), fails with ENOSPC, and the
+/// engine keeps working — reads, plain writes and commits that fit the
+/// journal — instead of poisoning itself; once space is freed the next
+/// checkpoint runs and the backing tree holds everything.
+#[test]
+fn a_checkpoint_that_does_not_fit_is_postponed_not_poisoned() {
+    let left = Arc::new(AtomicU64::new(u64::MAX));
+    let disk = Arc::new(SmallDisk { inner: MemFs::new(), left: left.clone() });
+    let e = Engine::open(disk.clone(), opts(64 << 20)).unwrap();
+    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+    e.write(None, f, 0, &pattern(2 << 20, 3)).unwrap();
+    e.sync().unwrap();
+    let backing_before = dump_storage(&disk.inner);
+
+    left.store(1 << 20, Ordering::SeqCst); // less than the 2 MiB the checkpoint writes
+    let err = e.checkpoint().unwrap_err();
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert!(err.to_string().contains("bytes free"), "the error says why: {err}");
+    assert_eq!(dump_storage(&disk.inner), backing_before, "a postponed checkpoint touched the backing tree");
+
+    // Still working.
+    assert_eq!(e.read(None, f, 0, 2 << 20).unwrap(), pattern(2 << 20, 3));
+    e.write(None, f, 0, b"later").unwrap();
+    let tx = e.begin();
+    let g = e.create(Some(tx), ObjId::ROOT, OsStr::new("g"), 0o644, 0, 0).unwrap().obj;
+    e.write(Some(tx), g, 0, b"in a transaction").unwrap();
+    e.commit(tx, Durability::Durable).unwrap();
+    let state = dump_engine(&e, None);
+
+    left.store(u64::MAX, Ordering::SeqCst);
+    e.checkpoint().expect("the checkpoint runs once there is room");
+    assert_eq!(dump_engine(&e, None), state);
+    e.close().unwrap();
+    let e = Engine::open(disk.clone(), opts(64 << 20)).unwrap();
+    assert_eq!(dump_engine(&e, None), state, "the backing tree holds everything");
+    assert_eq!(e.read(None, e.resolve(None, Path::new("g")).unwrap(), 0, 16).unwrap(), b"in a transaction");
     e.close().unwrap();
 }

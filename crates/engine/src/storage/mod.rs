@@ -141,4 +141,9 @@ pub trait Storage: Send + Sync + 'static {
     /// Opens (optionally creating, mode 0600) a regular file for the engine's
     /// own use.
     fn open_file(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoredFile>>;
+    /// Bytes the engine may still write to the backing file system, if
+    /// known (a checkpoint that cannot fit is not started: DESIGN §4).
+    fn free_bytes(&self) -> io::Result<Option<u64>> {
+        Ok(None)
+    }
 }

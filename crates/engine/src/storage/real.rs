@@ -266,6 +266,18 @@ fn xattr_buf(mut call: impl FnMut(*mut libc::c_void, usize) -> isize) -> io::Res
 }
 
 impl Storage for RealFs {
+    fn free_bytes(&self) -> io::Result<Option<u64>> {
+        // SAFETY: fstatvfs into a zeroed struct on our own descriptor.
+        let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatvfs(self.root.as_raw_fd(), &mut v) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Root may use the reserved blocks (ext4's 5 %), as its writes will.
+        // SAFETY: geteuid cannot fail.
+        let blocks = if unsafe { libc::geteuid() } == 0 { v.f_bfree } else { v.f_bavail };
+        Ok(Some(blocks.saturating_mul(v.f_frsize)))
+    }
+
     fn lstat(&self, path: &Path) -> io::Result<Meta> {
         let at = self.at(path)?;
         Ok(meta_of(&fstatat(at.fd(), &at.name)?))
