@@ -467,7 +467,9 @@ impl TxFs {
     /// Files it created are reachable by nobody else anyway.
     fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> u64 {
         let Some(t) = tx.filter(|_| self.view.is_none()) else { return o.0 };
-        if kind != FileKind::File {
+        // Directories too: the kernel marks the inode of a directory it sees
+        // removed dead at once — the transaction's own, not everyone's.
+        if !matches!(kind, FileKind::File | FileKind::Dir) || o == ObjId::ROOT {
             return o.0;
         }
         if let Some(k) = self.private.lock().by_pair.get(&(t, o)) {

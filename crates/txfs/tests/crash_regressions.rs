@@ -18,11 +18,10 @@ use common::*;
 /// and even after it aborted: an uncommitted change leaves a trace
 /// (SPEC: abort leaves no trace; others see the committed state).
 ///
-/// Open: the fix is to give directories a transaction looks up private node
-/// ids too, as regular files already have (`fs.rs`, `Private`), so that the
-/// kernel kills only the transaction's own inode. Run with `--ignored`.
+/// The fix: directories a transaction looks up get private node ids too, as
+/// regular files already had (`fs.rs`, `Private`), so that the kernel kills
+/// only the transaction's own inode.
 #[test]
-#[ignore = "open bug: an uncommitted rmdir kills the shared directory inode in the kernel (see the story)"]
 fn uncommitted_rmdir_does_not_hide_a_directory_from_others() {
     let m = Mount::with_backing(|b| {
         std::fs::create_dir_all(b.join("d/x")).unwrap();
