@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 import txfs  # noqa: E402  (the client package of this repository)
 
 MOUNT_TIMEOUT = 15.0
+UMOUNT_TIMEOUT = 300.0  # unmount checkpoints: up to 256 MiB of journal on a busy disk
 
 
 def txfs_bin() -> str:
@@ -58,6 +59,7 @@ class Mount:
         os.chmod(self.base, 0o755)
         self.proc: Optional[subprocess.Popen] = None
         self.stop_error = ""
+        self.umount_seconds = 0.0
 
     def __enter__(self) -> "Mount":
         try:
@@ -122,10 +124,17 @@ class Mount:
         if self.proc is None:
             return True
         if in_mountinfo(self.mnt):
-            r = subprocess.run([txfs_bin(), "umount", self.mnt], capture_output=True, timeout=120)
-            clean = r.returncode == 0
-            if not clean:
-                self.stop_error = f"txfs umount: exit {r.returncode}: {r.stderr.decode(errors='replace').strip()}"
+            t0 = time.monotonic()
+            try:
+                r = subprocess.run([txfs_bin(), "umount", self.mnt], capture_output=True, timeout=UMOUNT_TIMEOUT)
+                clean = r.returncode == 0
+                if not clean:
+                    self.stop_error = f"txfs umount: exit {r.returncode}: {r.stderr.decode(errors='replace').strip()}"
+            except subprocess.TimeoutExpired:
+                clean = False
+                self.stop_error = (f"txfs umount did not finish within {UMOUNT_TIMEOUT:.0f} s; daemon log:\n"
+                                   f"{self.log_tail(15)}")
+            self.umount_seconds = time.monotonic() - t0
         deadline = time.monotonic() + 5
         while in_mountinfo(self.mnt) and time.monotonic() < deadline:
             time.sleep(0.05)
