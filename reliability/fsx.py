@@ -508,6 +508,7 @@ class Fsx:
         self.note("UNMOUNT (checkpoint), compare BACKING, mount again")
         if not self.m.stop():
             self.fail(f"unmount was not clean: {self.m.stop_error}\n{self.m.log_tail(5)}")
+        self.note(f"  unmounted in {self.m.umount_seconds:.1f} s")
         bad = self.verify_backing()
         if bad:
             self.fail(f"BACKING differs from the model after unmount ({bad} mismatches)")
