@@ -85,7 +85,7 @@ def populate(db: str, customers: int, items: int) -> None:
     c.close()
 
 
-def run(mode: str, db: str, n: int, connect, Tx, fail) -> None:
+def run(mode: str, db: str, n: int, connect, Tx, fail, timed_start, timed_end) -> None:
     conn = connect(db, mode)
     (customers,) = conn.execute("SELECT max(c_id) FROM customer").fetchone()
     (items,) = conn.execute("SELECT max(i_id) FROM item").fetchone()
@@ -164,7 +164,7 @@ def run(mode: str, db: str, n: int, connect, Tx, fail) -> None:
             ).fetchone()
 
     mix = [(45, new_order), (43, payment), (4, order_status), (4, delivery), (4, stock_level)]
-    t0 = time.perf_counter()
+    t0 = timed_start()
     for _ in range(n):
         r = rng.randrange(100)
         for weight, fn in mix:
@@ -173,7 +173,7 @@ def run(mode: str, db: str, n: int, connect, Tx, fail) -> None:
                 counts[fn.__name__] += 1
                 break
             r -= weight
-    secs = time.perf_counter() - t0
+    secs = timed_end(t0)
     (orders1,) = conn.execute("SELECT count(*) FROM orders").fetchone()
     if orders1 != orders0 + counts["new_order"]:
         fail(f"{orders1} orders, want {orders0 + counts['new_order']}")

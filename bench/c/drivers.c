@@ -52,6 +52,28 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+/* $BENCH_TRACE_ENABLE: the harness's ftrace "enable" file; the measured part
+ * alone is traced (setup and checks are not). */
+static void trace_set(const char *v) {
+    const char *p = getenv("BENCH_TRACE_ENABLE");
+    if (!p || !*p) return;
+    int fd = open(p, O_WRONLY);
+    if (fd < 0) return;
+    if (write(fd, v, 1) < 0) { /* tracing is best effort */ }
+    close(fd);
+}
+
+static double timed_start(void) {
+    trace_set("1");
+    return now();
+}
+
+static double timed_end(double t0) {
+    double secs = now() - t0;
+    trace_set("0");
+    return secs;
+}
+
 static void tx_begin(void) {
     if (txmode) CK(fs_tx_begin());
 }
@@ -159,13 +181,13 @@ static int cmd_createunlink(long threads, long n) {
         path(d, sizeof d, "cu%ld", t, 0);
         mkdir_p(d);
     }
-    double t0 = now();
+    double t0 = timed_start();
     for (long t = 0; t < threads; t++) {
         a[t] = (struct cu_arg){t, n};
         pthread_create(&th[t], NULL, cu_thread, &a[t]);
     }
     for (long t = 0; t < threads; t++) pthread_join(th[t], NULL);
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     for (long t = 0; t < threads; t++) {
         path(d, sizeof d, "cu%ld", t, 0);
         if (count_entries(d) != 0) fail("create/unlink left files behind");
@@ -183,7 +205,7 @@ static int cmd_logproto(long n, long size, int withlog) {
     fill_file(data, slots * size, 0);
     int dfd = open_dir(dir);
     char *buf = malloc(size + 64);
-    double t0 = now();
+    double t0 = timed_start();
     for (long i = 0; i < n; i++) {
         long off = (i % slots) * size;
         memset(buf, 'a' + i % 26, size + 64);
@@ -211,7 +233,7 @@ static int cmd_logproto(long n, long size, int withlog) {
             }
         } while (tx_commit() < 0);
     }
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     for (long i = n - slots < 0 ? 0 : n - slots; i < n; i++)
         expect_bytes(data, (i % slots) * size, size, 'a' + i % 26, "data file holds the last updates");
     if (access(log, F_OK) == 0) fail("the log survived");
@@ -230,7 +252,7 @@ static int cmd_ordering(long mb) {
     }
     int dfd = open_dir(dir);
     static char buf[MiB];
-    double t0 = now();
+    double t0 = timed_start();
     for (long k = 0; k < 3; k++) {
         path(f, sizeof f, "new%ld", k, 0);
         memset(buf, '0' + k, MiB);
@@ -257,7 +279,7 @@ static int cmd_ordering(long mb) {
         if (!txmode) CK(fsync(fd));
         close(fd);
     } while (tx_commit() < 0); /* durable: and with it every ordered commit before */
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     for (long k = 0; k < 3; k++) {
         path(f, sizeof f, "new%ld", k, 0);
         expect_bytes(f, 0, mb * MiB, '0' + k, "new file contents");
@@ -302,7 +324,7 @@ static int cmd_commit4k(long threads, long n) {
         path(f, sizeof f, "c4k%ld", t, 0);
         fill_file(f, 4 * 4096, 0);
     }
-    double t0 = now();
+    double t0 = timed_start();
     for (long t = 0; t < threads; t++) {
         a[t] = (struct c4_arg){t, n, 0};
         pthread_create(&th[t], NULL, c4_thread, &a[t]);
@@ -312,7 +334,7 @@ static int cmd_commit4k(long threads, long n) {
         pthread_join(th[t], NULL);
         lat += a[t].lat_sum;
     }
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     for (long t = 0; t < threads; t++) {
         path(f, sizeof f, "c4k%ld", t, 0);
         long i = n - 1;
@@ -331,7 +353,7 @@ static int cmd_faust(long k, long n) {
     fill_file(f, k * 4096, 0);
     int fd = open(f, O_RDWR);
     if (fd < 0) die(f);
-    double t0 = now();
+    double t0 = timed_start();
     for (long i = 0; i < n; i++) {
         memset(buf, 'a' + i % 26, sizeof buf);
         do {
@@ -341,7 +363,7 @@ static int cmd_faust(long k, long n) {
             if (!txmode) CK(fsync(fd));
         } while (tx_commit() < 0);
     }
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     close(fd);
     expect_bytes(f, 0, k * 4096, 'a' + (n - 1) % 26, "last transaction's writes");
     report(secs, n, NULL);
@@ -361,7 +383,7 @@ static int cmd_rmfiles(long n) {
     }
     int dfd = open_dir(d);
     CK(fsync(dfd));
-    double t0 = now();
+    double t0 = timed_start();
     do {
         tx_begin();
         for (long i = 0; i < n; i++) {
@@ -370,7 +392,7 @@ static int cmd_rmfiles(long n) {
         }
         if (!txmode) CK(fsync(dfd));
     } while (tx_commit() < 0);
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     if (count_entries(d) != 0) fail("files left after removal");
     report(secs, n, NULL);
     return 0;
@@ -408,13 +430,13 @@ static int cmd_valor(long procs, long mb) {
         }
     }
     close(go[0]);
-    double t0 = now();
+    double t0 = timed_start();
     close(go[1]); /* every child's read returns 0 at once */
     for (long p = 0; p < procs; p++) {
         int st;
         if (waitpid(kids[p], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) fail("a writer failed");
     }
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     for (long p = 0; p < procs; p++) {
         path(f, sizeof f, "valor%ld", p, 0);
         expect_bytes(f, 0, mb * MiB, 'A' + p, "overwritten file");
@@ -434,9 +456,9 @@ static int cmd_stat(long n) {
     close(fd);
     struct stat st;
     CK(stat(f, &st)); /* warm */
-    double t0 = now();
+    double t0 = timed_start();
     for (long i = 0; i < n; i++) CK(stat(f, &st));
-    report(now() - t0, n, NULL);
+    report(timed_end(t0), n, NULL);
     return 0;
 }
 
@@ -444,7 +466,7 @@ static int cmd_createunlink_plain(long n) {
     char d[2048], f[4096];
     path(d, sizeof d, "plain", 0, 0);
     mkdir_p(d);
-    double t0 = now();
+    double t0 = timed_start();
     for (long i = 0; i < n; i++) {
         snprintf(f, sizeof f, "%s/f%ld", d, i);
         int fd = open(f, O_WRONLY | O_CREAT | O_EXCL, 0644);
@@ -455,7 +477,7 @@ static int cmd_createunlink_plain(long n) {
         snprintf(f, sizeof f, "%s/f%ld", d, i);
         CK(unlink(f));
     }
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     if (count_entries(d) != 0) fail("files left");
     report(secs, 2 * n, NULL);
     return 0;
@@ -467,14 +489,14 @@ static int cmd_seqwrite(long mb, const char *name) {
     static char buf[MiB];
     memset(buf, 's', MiB);
     unlink(f);
-    double t0 = now();
+    double t0 = timed_start();
     int fd = open(f, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) die(f);
     for (long m = 0; m < mb; m++)
         if (write(fd, buf, MiB) != MiB) die("write");
     CK(fsync(fd));
     close(fd);
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     struct stat st;
     CK(stat(f, &st));
     if (st.st_size != mb * MiB) fail("file size");
@@ -486,7 +508,7 @@ static int cmd_seqread(long mb) {
     char f[4096];
     snprintf(f, sizeof f, "%s/seq", dir);
     static char buf[MiB];
-    double t0 = now();
+    double t0 = timed_start();
     int fd = open(f, O_RDONLY);
     if (fd < 0) die(f);
     long total = 0, r;
@@ -495,7 +517,7 @@ static int cmd_seqread(long mb) {
         total += r;
     }
     close(fd);
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     if (total != mb * MiB) fail("bytes read");
     report(secs, mb, NULL);
     return 0;
@@ -508,13 +530,13 @@ static int cmd_randread(long n, long mb) {
     if (fd < 0) die(f);
     unsigned long x = 88172645463325252UL;
     long blocks = mb * MiB / 4096;
-    double t0 = now();
+    double t0 = timed_start();
     for (long i = 0; i < n; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         if (pread(fd, buf, 4096, (long)(x % blocks) * 4096) != 4096) die("pread");
         if (buf[0] != 's') fail("contents");
     }
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     close(fd);
     report(secs, n, NULL);
     return 0;
@@ -526,7 +548,7 @@ static int cmd_bigtx(long mb, const char *name, long killpid) {
     snprintf(f, sizeof f, "%s/%s", dir, name);
     static char buf[MiB];
     memset(buf, 'B', MiB);
-    double t0 = now();
+    double t0 = timed_start();
     do {
         tx_begin();
         int fd = open(f, O_WRONLY | O_CREAT, 0644);
@@ -536,7 +558,7 @@ static int cmd_bigtx(long mb, const char *name, long killpid) {
         if (!txmode) CK(fsync(fd));
         close(fd);
     } while (tx_commit() < 0);
-    double secs = now() - t0;
+    double secs = timed_end(t0);
     if (killpid > 0) {
         CK(kill((pid_t)killpid, SIGKILL)); /* a crash right after the commit */
     } else {
