@@ -103,3 +103,35 @@ fn xattr_create_is_atomic() {
         assert_eq!(won, 1, "round {round}: XATTR_CREATE succeeded {won} times");
     }
 }
+
+/// RealFs keeps read descriptors of recently read files (readahead). A path
+/// renamed over, unlinked and recreated, or moved with its directory must
+/// read as a fresh resolution would, never the file the descriptor was for.
+#[test]
+fn real_fs_read_descriptors_follow_renames_and_unlinks() {
+    use txfs_engine::storage::{RealFs, Storage};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("d")).unwrap();
+    std::fs::write(dir.path().join("d/a"), "AAAA").unwrap();
+    std::fs::write(dir.path().join("d/b"), "BBBB").unwrap();
+    std::fs::write(dir.path().join("c"), "CCCC").unwrap();
+    let fs = RealFs::open(dir.path()).unwrap();
+    let read = |p: &str| {
+        let mut buf = [0u8; 4];
+        let n = fs.read_at(std::path::Path::new(p), 0, &mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert_eq!(read("d/a"), "AAAA");
+    assert_eq!(read("d/a"), "AAAA");
+    fs.rename("d/b".as_ref(), "d/a".as_ref()).unwrap();
+    assert_eq!(read("d/a"), "BBBB", "renamed over");
+    fs.unlink("d/a".as_ref()).unwrap();
+    std::fs::write(dir.path().join("d/a"), "NEW!").unwrap();
+    assert_eq!(read("d/a"), "NEW!", "unlinked and created again");
+    assert_eq!(read("c"), "CCCC");
+    fs.rename("d".as_ref(), "e".as_ref()).unwrap();
+    fs.mkdir("d".as_ref(), 0o755).unwrap();
+    fs.rename("c".as_ref(), "d/a".as_ref()).unwrap();
+    assert_eq!(read("d/a"), "CCCC", "a new directory under the old name");
+    assert_eq!(read("e/a"), "NEW!");
+}

@@ -43,7 +43,16 @@ use std::sync::Arc;
 /// The backing directory; see the module documentation.
 pub struct RealFs {
     root: OwnedFd,
+    /// Read descriptors of recently read files, most recent last. Reading
+    /// through one open file keeps the kernel's readahead state (a fresh
+    /// open per READ made cold sequential reads synchronous) and saves the
+    /// openat2 walk. Any rename, unlink or rmdir empties it, so a cached
+    /// path never names another file than a fresh resolution would.
+    readers: parking_lot::Mutex<Vec<(std::path::PathBuf, Arc<File>)>>,
 }
+
+/// How many read descriptors [`RealFs`] keeps.
+const READERS: usize = 32;
 
 /// Where an operation's last component lives: a directory fd (the root if
 /// `dir` is `None`) and a name in it (`.` for the root itself).
@@ -134,7 +143,7 @@ impl RealFs {
     /// Opens the backing root directory.
     pub fn open(root: &Path) -> io::Result<RealFs> {
         let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(root)?;
-        Ok(RealFs { root: f.into() })
+        Ok(RealFs { root: f.into(), readers: parking_lot::Mutex::new(Vec::new()) })
     }
 
     /// The fd of the backing root directory (opened `O_RDONLY|O_DIRECTORY`).
@@ -207,6 +216,23 @@ impl RealFs {
         } else {
             Err(err(if ft.is_dir() { libc::EISDIR } else { libc::EINVAL }))
         }
+    }
+
+    /// A read descriptor for `path`, from [`RealFs::readers`] or opened.
+    fn reader(&self, path: &Path) -> io::Result<Arc<File>> {
+        let mut cache = self.readers.lock();
+        if let Some(i) = cache.iter().position(|(p, _)| p == path) {
+            let e = cache.remove(i);
+            let f = e.1.clone();
+            cache.push(e);
+            return Ok(f);
+        }
+        let f = Arc::new(self.open_regular(path, libc::O_RDONLY, 0)?);
+        if cache.len() >= READERS {
+            cache.remove(0);
+        }
+        cache.push((path.to_path_buf(), f.clone()));
+        Ok(f)
     }
 
     /// chmod that never follows a final symlink (and leaves symlinks alone).
@@ -330,7 +356,7 @@ impl Storage for RealFs {
     }
 
     fn read_at(&self, path: &Path, off: u64, buf: &mut [u8]) -> io::Result<usize> {
-        read_full(&self.open_regular(path, libc::O_RDONLY, 0)?, off, buf)
+        read_full(&*self.reader(path)?, off, buf)
     }
 
     fn write_at(&self, path: &Path, off: u64, data: &[u8]) -> io::Result<()> {
@@ -394,6 +420,7 @@ impl Storage for RealFs {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.readers.lock().clear();
         let (a, b) = (self.at(from)?, self.at(to)?);
         // SAFETY: valid C strings.
         cvt(unsafe { libc::renameat(a.fd(), a.name.as_ptr(), b.fd(), b.name.as_ptr()) })
@@ -406,12 +433,14 @@ impl Storage for RealFs {
     }
 
     fn unlink(&self, path: &Path) -> io::Result<()> {
+        self.readers.lock().clear();
         let at = self.at(path)?;
         // SAFETY: valid C string.
         cvt(unsafe { libc::unlinkat(at.fd(), at.name.as_ptr(), 0) })
     }
 
     fn rmdir(&self, path: &Path) -> io::Result<()> {
+        self.readers.lock().clear();
         let at = self.at(path)?;
         // SAFETY: valid C string.
         cvt(unsafe { libc::unlinkat(at.fd(), at.name.as_ptr(), libc::AT_REMOVEDIR) })
