@@ -167,11 +167,23 @@ pub(crate) struct Tx {
     pub doomed: Option<String>,
     pub mem_bytes: u64,
     pub spill: Option<(Arc<dyn StoredFile>, u64)>,
+    /// Objects whose attributes the transaction set itself (setattr), as
+    /// opposed to times that its namespace changes bumped.
+    pub explicit: std::collections::HashSet<ObjId>,
 }
 
 impl Tx {
     fn new(id: TxId, start: Seq) -> Tx {
-        Tx { id, start, delta: Delta::default(), reads: ReadSet::default(), doomed: None, mem_bytes: 0, spill: None }
+        Tx {
+            id,
+            start,
+            delta: Delta::default(),
+            reads: ReadSet::default(),
+            doomed: None,
+            mem_bytes: 0,
+            spill: None,
+            explicit: Default::default(),
+        }
     }
 }
 
@@ -1070,6 +1082,7 @@ impl Engine {
                     mode = Some(m);
                 }
             }
+            t.explicit.insert(o);
             let a = &mut t.delta.obj(o).attr;
             a.mode = mode.or(a.mode);
             a.uid = set.uid.or(a.uid);
@@ -1428,7 +1441,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
         st.discard_tx(&tx);
         return Err(Error::Conflict { tx: tx.id, what });
     }
-    drop_unreachable_new(st, &mut tx.delta);
+    drop_unreachable_new(st, &mut tx.delta, &tx.explicit);
     if tx.delta.is_empty() {
         st.discard_tx(&tx);
         return Ok((*sync.written.lock(), Vec::new()));
@@ -1515,7 +1528,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
 /// Objects created and removed again inside one transaction, and not
 /// open, leave no trace: no journal bytes, no durable I/O (SPEC §5);
 /// changes to objects that are gone cannot be observed by anyone.
-fn drop_unreachable_new(st: &State, d: &mut Delta) {
+fn drop_unreachable_new(st: &mut State, d: &mut Delta, explicit: &std::collections::HashSet<ObjId>) {
     let linked: std::collections::HashSet<ObjId> =
         d.dirs.values().flat_map(|e| e.values().flatten().copied()).collect();
     let dead: Vec<ObjId> = d
@@ -1532,6 +1545,42 @@ fn drop_unreachable_new(st: &State, d: &mut Delta) {
     }
     // Objects removed and checkpointed since the transaction touched them.
     d.objs.retain(|o, _| st.nodes.get(o).is_some_and(|n| !n.gone));
+    // Names removed that the committed state never had (a file created and
+    // unlinked inside the transaction), then directories whose only change
+    // left is the times those namespace changes bumped: the transaction
+    // changed nothing there, and costs no journal write and no fdatasync
+    // (SPEC §5). Times the transaction set itself stay.
+    let dirs: Vec<ObjId> = d.dirs.keys().copied().collect();
+    for dir in dirs {
+        let gone: Vec<OsString> = d.dirs[&dir].iter().filter(|(_, e)| e.is_none()).map(|(n, _)| n.clone()).collect();
+        for name in gone {
+            let existed = match st.committed.entry(dir, &name) {
+                Some(e) => e.is_some(),
+                None if d.created.contains_key(&dir) || st.committed.created.contains_key(&dir) => false,
+                // An unreadable backing tree: keep the removal.
+                None => st.base_child(dir, &name).map_or(true, |c| c.is_some()),
+            };
+            if !existed {
+                d.dirs.get_mut(&dir).expect("listed").remove(&name);
+            }
+        }
+        if !d.dirs[&dir].is_empty() {
+            continue;
+        }
+        d.dirs.remove(&dir);
+        let times_only = d.objs.get(&dir).is_some_and(|od| {
+            let a = &od.attr;
+            od.file.is_none()
+                && a.mode.is_none()
+                && a.uid.is_none()
+                && a.gid.is_none()
+                && a.nlink == 0
+                && a.xattrs.is_empty()
+        });
+        if times_only && !explicit.contains(&dir) && !d.created.contains_key(&dir) {
+            d.objs.remove(&dir);
+        }
+    }
 }
 
 fn placeholder_writer(st: &State) -> JournalWriter {

@@ -135,3 +135,39 @@ fn real_fs_read_descriptors_follow_renames_and_unlinks() {
     assert_eq!(read("d/a"), "CCCC", "a new directory under the old name");
     assert_eq!(read("e/a"), "NEW!");
 }
+
+/// SPEC §5: files created and deleted inside one transaction cost no
+/// durable I/O — not even the parent directory's bumped times. Times the
+/// transaction set itself, and real changes, are still committed.
+#[test]
+fn a_file_created_and_removed_in_a_transaction_costs_no_journal_write() {
+    let e = Engine::open(Arc::new(MemFs::new()), Options { flush_interval: None, ..Default::default() }).unwrap();
+    let d = e.mkdir(None, ObjId::ROOT, OsStr::new("d"), 0o755, 0, 0).unwrap().obj;
+    e.sync().unwrap();
+    let bytes = || e.stats().journal_bytes;
+    let before = bytes();
+    for i in 0..5 {
+        let tx = e.begin();
+        let name = format!("tmp{i}");
+        let f = e.create(Some(tx), d, OsStr::new(&name), 0o644, 0, 0).unwrap().obj;
+        e.write(Some(tx), f, 0, b"scratch").unwrap();
+        let sub = e.mkdir(Some(tx), d, OsStr::new("sub"), 0o755, 0, 0).unwrap().obj;
+        let _ = sub;
+        e.rmdir(Some(tx), d, OsStr::new("sub")).unwrap();
+        e.unlink(Some(tx), d, OsStr::new(&name)).unwrap();
+        e.commit(tx, Durability::Durable).unwrap();
+    }
+    assert_eq!(bytes(), before, "create+unlink transactions wrote to the journal");
+
+    // Explicitly set times survive next to a created-and-removed file.
+    let tx = e.begin();
+    let f = e.create(Some(tx), d, OsStr::new("t"), 0o644, 0, 0).unwrap().obj;
+    let _ = f;
+    e.unlink(Some(tx), d, OsStr::new("t")).unwrap();
+    let when = txfs_engine::storage::Timestamp { secs: 1_000_000, nanos: 0 };
+    e.setattr(Some(tx), d, &txfs_engine::SetAttr { mtime: Some(when), ..Default::default() }).unwrap();
+    e.commit(tx, Durability::Durable).unwrap();
+    assert!(bytes() > before, "an explicit utimes was dropped");
+    assert_eq!(e.getattr(None, d).unwrap().mtime, when);
+    e.close().unwrap();
+}
