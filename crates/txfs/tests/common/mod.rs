@@ -179,6 +179,22 @@ pub fn sweep_stale_mounts() {
     });
 }
 
+/// Each thread of `pid`: its name, state and kernel stack (root only).
+pub fn kernel_stacks(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return format!("  (pid {pid} gone)\n") };
+    for t in tasks.flatten() {
+        let d = t.path();
+        let read = |f: &str| std::fs::read_to_string(d.join(f)).unwrap_or_default();
+        let state = read("status").lines().find(|l| l.starts_with("State:")).unwrap_or("").to_string();
+        out += &format!("  {} {} {}\n", t.file_name().to_string_lossy(), read("comm").trim(), state);
+        for l in read("stack").lines().take(12) {
+            out += &format!("      {l}\n");
+        }
+    }
+    out
+}
+
 /// `python3`: the system one if present (it must run as other users too).
 pub fn python() -> &'static str {
     if Path::new("/usr/bin/python3").exists() {
@@ -350,11 +366,18 @@ impl Mount {
                 break s;
             }
             if Instant::now() >= deadline {
+                // Where everyone waits, for the next person to read.
+                let diag = format!(
+                    "still mounted: {}\ntxfs umount:\n{}\ndaemon:\n{}",
+                    is_mounted(&self.mnt),
+                    kernel_stacks(um.id()),
+                    kernel_stacks(child.id())
+                );
                 self.abort_connection();
                 let _ = child.kill();
                 wait_timeout(&mut child, Duration::from_secs(5));
                 wait_timeout(&mut um, Duration::from_secs(5));
-                panic!("txfs umount did not finish within 30 s; log:\n{}", self.log_text());
+                panic!("txfs umount did not finish within 30 s\n{diag}\nlog:\n{}", self.log_text());
             }
             std::thread::sleep(Duration::from_millis(5));
         };
