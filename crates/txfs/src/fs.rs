@@ -619,7 +619,8 @@ impl TxFs {
                             self.txs.add_tree(pid, caller, tx);
                             tx
                         });
-                        if flags & ioctl::RUN_VIEW != 0 {
+                        // TXFS_NO_VIEWS=1: serve none (as daemons before views did).
+                        if flags & ioctl::RUN_VIEW != 0 && std::env::var_os("TXFS_NO_VIEWS").is_none_or(|v| v != "1") {
                             let devfd = ioctl::u32_at(data, 12) as i32;
                             if let Err(e) = self.serve_view(caller, devfd, tx) {
                                 tracing::warn!(pid, %tx, "cannot serve a transaction view: {e}");

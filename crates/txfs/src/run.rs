@@ -79,6 +79,16 @@ impl View {
     }
 }
 
+impl View {
+    /// Whether a daemon took the connection: it answered the kernel's INIT,
+    /// which is no longer waiting to be read.
+    fn served(&self) -> bool {
+        let mut p = libc::pollfd { fd: self.dev, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 0 }
+    }
+}
+
 impl Drop for View {
     fn drop(&mut self) {
         // SAFETY: our descriptor (the daemon holds its own copy by now).
@@ -139,6 +149,12 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                 libc::close(go[1]);
                 libc::close(ready[0]);
                 let mounted = view.as_ref().is_some_and(|v| v.mount_in_child(&point_c));
+                if let Some(v) = &view {
+                    // Only the daemon may hold the connection: if it never
+                    // serves it, the parent's close aborts it, and a request
+                    // gets ENOTCONN instead of waiting for INIT forever.
+                    libc::close(v.dev);
+                }
                 let r: u8 = if mounted { b'v' } else { b'r' };
                 libc::write(ready[1], (&r as *const u8).cast(), 1);
                 libc::close(ready[1]);
@@ -184,6 +200,10 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
             let devfd = view.as_ref().map_or(-1, |v| v.dev);
             registered = run_ioctl(&dir, pid as u32, ioctl::RUN_BEGIN, ioctl::RUN_VIEW, devfd);
             if registered.is_err() {
+                send(b'u');
+            } else if !view.as_ref().is_some_and(View::served) {
+                // A daemon that predates views began a plain tree transaction
+                // and ignored the flag: take the view away, keep the transaction.
                 send(b'u');
             }
         }

@@ -246,3 +246,27 @@ fn run_serves_a_transaction_view_and_falls_back_without_it() {
     assert!(!mi.contains("fuse.txfs-view"), "a transaction view leaked into the test's namespace");
     assert_eq!(m.live_txs(), 0);
 }
+
+/// A daemon that serves no views (older than views, or TXFS_NO_VIEWS=1)
+/// takes RUN_BEGIN with the view flag as a plain tree transaction. `txfs
+/// run` must notice (the kernel's INIT is still unread), take the view
+/// away and run the command on the shared mount — not leave it waiting for
+/// an INIT nobody answers (seen once: a hung `chdir`).
+#[test]
+fn run_falls_back_when_the_daemon_does_not_serve_the_view() {
+    let mut m = Mount::new();
+    m.restart_with_env("TXFS_NO_VIEWS", "1");
+    let mut child = m
+        .run_cmd(&[], &["sh", "-c", "grep -c ' fuse.txfs-view ' /proc/self/mountinfo; echo made > f; cat f"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let st = wait_timeout(&mut child, Duration::from_secs(20)).expect("txfs run hung on an unserved view");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(st.success(), "txfs run: {st}: {out}");
+    assert_eq!(out, "0\nmade\n", "no view left mounted, the command ran as a transaction");
+    assert_eq!(std::fs::read_to_string(m.path("f")).unwrap(), "made\n");
+    assert!(!m.log_text().contains("serving a transaction view"));
+    assert_eq!(m.live_txs(), 0);
+}

@@ -211,6 +211,8 @@ pub struct Mount {
     mnt: PathBuf,
     log: PathBuf,
     opts: Vec<String>,
+    /// Extra environment of the daemon.
+    env: Vec<(String, String)>,
     daemon: Option<Child>,
     daemon_pid: Arc<AtomicI32>,
     /// The FUSE connection number of the current mount (0: none).
@@ -273,6 +275,7 @@ impl Mount {
             mnt,
             log,
             opts: opts.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             daemon: None,
             daemon_pid,
             conn,
@@ -281,6 +284,14 @@ impl Mount {
         };
         m.start();
         m
+    }
+
+    /// Restarts the daemon (unmounted cleanly first) with `key=value` in its
+    /// environment.
+    pub fn restart_with_env(&mut self, key: &str, value: &str) {
+        self.umount_clean();
+        self.env.push((key.into(), value.into()));
+        self.start();
     }
 
     /// Starts the daemon over the same BACKING and MNT (a remount).
@@ -294,6 +305,7 @@ impl Mount {
             cmd.arg("-o").arg(o);
         }
         cmd.env("TXFS_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let mut child = cmd.spawn().expect("spawning txfs mount");
         self.daemon_pid.store(child.id() as i32, Ordering::SeqCst);
         let deadline = Instant::now() + Duration::from_secs(10);
