@@ -84,12 +84,60 @@ pub struct CacheGate {
     /// A transaction view (`txfs run`'s own mount): everything it is told
     /// is its transaction's and only it can ask, so it always caches.
     view: bool,
-    open: parking_lot::RwLock<bool>,
-    /// Node ids answered with a nonzero attribute TTL since the gate opened.
+    /// Open or not, and a generation that changes at every close and
+    /// reopen: a reply computed from state read under another generation
+    /// is not cached (a commit may have changed it since).
+    state: parking_lot::RwLock<(bool, u64)>,
+    /// Node ids answered with a nonzero attribute TTL since the gate opened
+    /// (in a view: every node id it handed out).
     cached: Mutex<std::collections::HashSet<u64>>,
     /// A duplicate of the session's `/dev/fuse` descriptor, set when the
     /// kernel accepted `FUSE_NOTIFY_INC_EPOCH`; without it the gate stays shut.
     dev: std::sync::OnceLock<std::os::fd::OwnedFd>,
+    /// Held from closing the gate until the transaction exists, and by a
+    /// reopen: no reopen between a close and its transaction. The
+    /// invalidations run under it, not under `state`, so replies (which
+    /// only read `state`) never wait for the kernel.
+    closing: Mutex<()>,
+    /// The epoch could not be bumped once: never cache again.
+    broken: std::sync::atomic::AtomicBool,
+}
+
+/// What the shared mount keeps of a transaction view it serves: enough to
+/// drop what the view's kernel caches.
+pub struct ViewLink {
+    notifier: fuser::Notifier,
+    /// A duplicate of the view's `/dev/fuse` descriptor (for the epoch).
+    dev: std::os::fd::OwnedFd,
+    /// The view's gate: every node id it handed out.
+    gate: Arc<CacheGate>,
+}
+
+type Views = Arc<Mutex<HashMap<TxId, ViewLink>>>;
+
+impl ViewLink {
+    /// Something the view's transaction changed through the shared mount
+    /// (a descriptor opened before the run): the view must not answer from
+    /// what it cached. `o`: drop that file's pages and attributes; always
+    /// bump the view's epoch (names may have changed).
+    fn changed(&self, o: Option<ObjId>) {
+        let _ = inc_epoch(&self.dev);
+        if let Some(o) = o {
+            let _ = self.notifier.inval_inode(INodeNo(o.0), 0, 0);
+        }
+    }
+
+    /// The transaction ended: whatever still runs in the view must not be
+    /// served its cached pages (after an abort: data that never existed).
+    /// Requests reaching the daemon then fail.
+    fn end(self) {
+        let _ = std::thread::Builder::new().name("txfs-view-end".into()).spawn(move || {
+            let _ = inc_epoch(&self.dev);
+            for ino in std::mem::take(&mut *self.gate.cached.lock()) {
+                let _ = self.notifier.inval_inode(INodeNo(ino), 0, 0);
+            }
+        });
+    }
 }
 
 /// `FUSE_NOTIFY_INC_EPOCH` (kernel 6.16+, include/uapi/linux/fuse.h).
@@ -103,18 +151,24 @@ impl CacheGate {
             return false;
         }
         let _ = self.dev.set(dev);
-        *self.open.write() = true;
+        self.state.write().0 = true;
         true
+    }
+
+    /// The generation to pass to [`CacheGate::reply`]; take it before reading.
+    fn ticket(&self) -> u64 {
+        self.state.read().1
     }
 
     /// Runs `send(ttl)` with the TTL a reply about node `ino` for `tx` may
     /// carry, holding the gate so that it cannot close in between.
-    fn reply<R>(&self, tx: Option<TxId>, ino: u64, send: impl FnOnce(&Duration) -> R) -> R {
+    fn reply<R>(&self, tx: Option<TxId>, ino: u64, ticket: u64, send: impl FnOnce(&Duration) -> R) -> R {
         if self.view {
+            self.cached.lock().insert(ino);
             return send(&VIEW_TTL);
         }
-        let g = self.open.read();
-        if *g && tx.is_none() && ino < PRIVATE_BASE {
+        let g = self.state.read();
+        if g.0 && g.1 == ticket && tx.is_none() && ino < PRIVATE_BASE {
             self.cached.lock().insert(ino);
             let r = send(&CACHE_TTL);
             drop(g);
@@ -126,34 +180,49 @@ impl CacheGate {
     /// Closes the gate (if open), then runs `begin`: the transaction exists
     /// only once nothing cached can answer for it.
     fn close_then<T>(&self, notifier: Option<&fuser::Notifier>, begin: impl FnOnce() -> T) -> T {
-        let mut g = self.open.write();
-        if *g {
-            *g = false;
-            if let Some(dev) = self.dev.get() {
-                if let Err(e) = inc_epoch(dev) {
-                    tracing::error!("FUSE_NOTIFY_INC_EPOCH failed ({e}): cached entries may outlive the gate");
-                }
+        let _closing = self.closing.lock();
+        let was_open = {
+            // No cacheable reply is being sent once this is held.
+            let mut g = self.state.write();
+            let was = g.0;
+            if was {
+                *g = (false, g.1 + 1);
             }
-            let cached = std::mem::take(&mut *self.cached.lock());
-            if let Some(n) = notifier {
-                for ino in cached {
-                    // Offset -1: attributes only, no page-cache work. ENOENT:
-                    // the kernel has forgotten the node.
-                    let _ = n.inval_inode(INodeNo(ino), -1, 0);
-                }
-            }
+            was
+        };
+        if was_open {
+            self.invalidate(notifier);
         }
         begin()
     }
 
+    /// Drops every entry (the epoch) and attribute the kernel may cache.
+    fn invalidate(&self, notifier: Option<&fuser::Notifier>) {
+        if let Some(dev) = self.dev.get() {
+            if let Err(e) = inc_epoch(dev) {
+                tracing::error!("FUSE_NOTIFY_INC_EPOCH failed ({e}): no more kernel caching on this mount");
+                self.broken.store(true, Ordering::SeqCst);
+            }
+        }
+        let cached = std::mem::take(&mut *self.cached.lock());
+        if let Some(n) = notifier {
+            for ino in cached {
+                // Offset -1: attributes only, no page-cache work. ENOENT:
+                // the kernel has forgotten the node.
+                let _ = n.inval_inode(INodeNo(ino), -1, 0);
+            }
+        }
+    }
+
     /// Reopens the gate if no transaction is live.
     fn reopen(&self, engine: &Engine) {
-        if self.dev.get().is_none() {
+        if self.dev.get().is_none() || self.broken.load(Ordering::SeqCst) {
             return;
         }
-        let mut g = self.open.write();
-        if !*g && engine.live_txs() == 0 {
-            *g = true;
+        let _closing = self.closing.lock();
+        let mut g = self.state.write();
+        if !g.0 && engine.live_txs() == 0 {
+            *g = (true, g.1 + 1);
         }
     }
 }
@@ -198,6 +267,8 @@ pub struct TxFs {
     /// FUSE connection, mounted over the mount point in the command's mount
     /// namespace): every request on it is `tx`'s, whoever sends it.
     view: Option<TxId>,
+    /// The transaction views this (shared) mount serves.
+    views: Views,
 }
 
 /// An open directory's transaction (of the opener) and its listing, taken at
@@ -228,6 +299,7 @@ fn end_tx(
     engine: &Engine,
     private: &Mutex<Private>,
     gate: &CacheGate,
+    views: &Mutex<HashMap<TxId, ViewLink>>,
     tx: TxId,
     commit: Option<Durability>,
 ) -> (Result<(), Error>, Vec<ObjId>) {
@@ -240,6 +312,9 @@ fn end_tx(
         None => (engine.abort(tx), Vec::new()),
     };
     gate.reopen(engine);
+    if let Some(v) = views.lock().remove(&tx) {
+        v.end();
+    }
     let mut pages = all_ids(private, changed);
     pages.extend(own);
     (r, pages)
@@ -340,14 +415,16 @@ impl TxFs {
         let private: Arc<Mutex<Private>> = Arc::default();
         let txs: Arc<TxMap> = Arc::default();
         let gate: Arc<CacheGate> = Arc::default();
+        let views: Views = Arc::default();
         let (e, t, p, g, inval) = (engine.clone(), txs.clone(), private.clone(), gate.clone(), tx.clone());
+        let vs = views.clone();
         std::thread::Builder::new()
             .name("txfs-reaper".into())
             .spawn(move || loop {
                 std::thread::sleep(Duration::from_millis(250));
                 for dead in t.reap() {
                     tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
-                    let (_, pages) = end_tx(&e, &p, &g, dead, None);
+                    let (_, pages) = end_tx(&e, &p, &g, &vs, dead, None);
                     let _ = inval.send((pages, Box::new(|| {})));
                 }
             })
@@ -364,6 +441,7 @@ impl TxFs {
             private,
             gate,
             view: None,
+            views,
         }
     }
 
@@ -384,6 +462,7 @@ impl TxFs {
             private: Arc::default(),
             gate: Arc::new(CacheGate { view: true, ..CacheGate::default() }),
             view: Some(tx),
+            views: Arc::default(),
         }
     }
 
@@ -418,7 +497,11 @@ impl TxFs {
         let mut config = fuser::Config::default();
         config.n_threads = Some(2);
         config.acl = fuser::SessionACL::All;
-        let session = fuser::Session::from_fd(self.new_view(tx), dev, fuser::SessionACL::All, config)?;
+        let dev2 = dev.try_clone()?;
+        let view = self.new_view(tx);
+        let gate = view.gate.clone();
+        let session = fuser::Session::from_fd(view, dev, fuser::SessionACL::All, config)?;
+        self.views.lock().insert(tx, ViewLink { notifier: session.notifier(), dev: dev2, gate });
         std::thread::Builder::new().name(format!("txfs-view-{}", tx.0)).spawn(move || {
             // Ends when the last process of the command's namespace is gone.
             if let Err(e) = session.run() {
@@ -427,6 +510,16 @@ impl TxFs {
         })?;
         tracing::info!(%tx, caller, "serving a transaction view");
         Ok(())
+    }
+
+    /// A change by `tx` through this (shared) mount: if `tx` is a `txfs run`
+    /// with a view, the view drops what it cached of it (`o`: that file).
+    fn view_saw(&self, tx: Option<TxId>, o: Option<ObjId>) {
+        if let Some(t) = tx {
+            if let Some(v) = self.views.lock().get(&t) {
+                v.changed(o);
+            }
+        }
     }
 
     /// The engine object behind a kernel node id.
@@ -467,9 +560,12 @@ impl TxFs {
     /// Files it created are reachable by nobody else anyway.
     fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> u64 {
         let Some(t) = tx.filter(|_| self.view.is_none()) else { return o.0 };
-        // Directories too: the kernel marks the inode of a directory it sees
-        // removed dead at once — the transaction's own, not everyone's.
-        if !matches!(kind, FileKind::File | FileKind::Dir) || o == ObjId::ROOT {
+        // Not directories: a lookup answered with another node id than the
+        // kernel's dentry has makes it d_invalidate that dentry, which
+        // unhashes other processes' working directories (getcwd: ENOENT)
+        // and detaches mounts below it. An uncommitted rmdir therefore
+        // kills the shared inode (README "Known limits").
+        if kind != FileKind::File {
             return o.0;
         }
         if let Some(k) = self.private.lock().by_pair.get(&(t, o)) {
@@ -559,6 +655,11 @@ impl TxFs {
         let tid = req.pid();
         let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
         match cmd {
+            ioctl::BEGIN if self.view.is_some() => {
+                // Nests into the view's transaction, whoever asks.
+                self.txs.join(tid, self.view.expect("a view"));
+                Ok((Vec::new(), Vec::new()))
+            }
             ioctl::BEGIN => {
                 let engine = &self.engine;
                 let tx = self.gate.close_then(self.notifier.get(), || self.txs.begin(tid, || engine.begin()));
@@ -574,7 +675,8 @@ impl TxFs {
                 }
                 match self.txs.end(tid) {
                     Some((tx, true)) => {
-                        let (r, pages) = end_tx(&self.engine, &self.private, &self.gate, tx, Some(durability));
+                        let (r, pages) =
+                            end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, Some(durability));
                         match r {
                             Ok(()) => Ok((Vec::new(), pages)),
                             Err(err) => {
@@ -590,7 +692,7 @@ impl TxFs {
             ioctl::ABORT => match self.txs.drop_thread(tid) {
                 Some((tx, _owned)) => {
                     // Inside a tree transaction an abort dooms the whole tree.
-                    let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, tx, None);
+                    let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, None);
                     Ok((Vec::new(), pages))
                 }
                 None => Err(Errno::from_i32(libc::EINVAL)),
@@ -620,12 +722,16 @@ impl TxFs {
                             tx
                         });
                         // TXFS_NO_VIEWS=1: serve none (as daemons before views did).
-                        if flags & ioctl::RUN_VIEW != 0 && std::env::var_os("TXFS_NO_VIEWS").is_none_or(|v| v != "1") {
+                        // Only for root: a view is served without the daemon
+                        // checking permissions (the kernel does, by the mount's
+                        // default_permissions, which only root's mount guarantees).
+                        let views_allowed = std::env::var_os("TXFS_NO_VIEWS").is_none_or(|v| v != "1");
+                        if flags & ioctl::RUN_VIEW != 0 && req.uid() == 0 && views_allowed {
                             let devfd = ioctl::u32_at(data, 12) as i32;
                             if let Err(e) = self.serve_view(caller, devfd, tx) {
                                 tracing::warn!(pid, %tx, "cannot serve a transaction view: {e}");
                                 self.txs.remove_tree(pid);
-                                let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, tx, None);
+                                let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, None);
                                 self.after(pages, || {});
                                 return Err(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
                             }
@@ -643,7 +749,7 @@ impl TxFs {
                             // EDEADLK tells `txfs run` that the command failed
                             // because it lost a conflict: worth a rerun.
                             let doomed = self.engine.is_doomed(tx);
-                            let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, tx, None);
+                            let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, None);
                             tracing::info!(pid, %tx, doomed, "process tree transaction aborted");
                             // NB: the pages are dropped before the reply only on success.
                             self.after(pages, || {});
@@ -655,7 +761,7 @@ impl TxFs {
                         }
                         let d =
                             if flags & ioctl::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
-                        let (r, pages) = end_tx(&self.engine, &self.private, &self.gate, tx, Some(d));
+                        let (r, pages) = end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, Some(d));
                         match r {
                             Ok(()) => {
                                 tracing::info!(pid, %tx, "process tree transaction committed");
@@ -727,17 +833,21 @@ impl Filesystem for TxFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
         let tx = self.tx(req);
         match self.engine.lookup(tx, self.obj(parent), name) {
             Ok(a) => {
                 let fa = self.entry_attr(tx, &a);
-                self.gate.reply(tx, fa.ino.0, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
         let tx = match fh {
             Some(fh) => self.tx_fh(req, fh),
             None => self.tx_at(req, ino),
@@ -750,7 +860,7 @@ impl Filesystem for TxFs {
             tx => tx,
         };
         match self.engine.getattr(tx, self.obj(ino)) {
-            Ok(a) => self.gate.reply(tx, ino.0, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) })),
+            Ok(a) => self.gate.reply(tx, ino.0, ticket, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) })),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -780,6 +890,7 @@ impl Filesystem for TxFs {
         let set = SetAttr { mode, uid, gid, size, atime: atime.map(stamp), mtime: mtime.map(stamp) };
         match self.engine.setattr(tx, self.obj(ino), &set) {
             Ok(a) => {
+                self.view_saw(tx, Some(self.obj(ino)));
                 let inval = if size.is_some() { self.committed_now(tx, self.obj(ino)) } else { Vec::new() };
                 self.after(inval, move || reply.attr(&TTL, &FileAttr { ino, ..fattr(&a) }))
             }
@@ -804,6 +915,8 @@ impl Filesystem for TxFs {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
         if mode & libc::S_IFMT != libc::S_IFREG {
             // Devices, fifos and sockets are not supported (README).
             return reply.error(Errno::EPERM);
@@ -812,43 +925,58 @@ impl Filesystem for TxFs {
         match self.engine.create(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
             Ok(a) => {
                 let fa = self.entry_attr(tx, &a);
-                self.gate.reply(tx, fa.ino.0, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.view_saw(tx, None);
+                self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
         let tx = self.tx(req);
         match self.engine.mkdir(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
             Ok(a) => {
                 let fa = self.entry_attr(tx, &a);
-                self.gate.reply(tx, fa.ino.0, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.view_saw(tx, None);
+                self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.engine.unlink(self.tx(req), self.obj(parent), name) {
-            Ok(()) => reply.ok(),
+        let tx = self.tx(req);
+        match self.engine.unlink(tx, self.obj(parent), name) {
+            Ok(()) => {
+                self.view_saw(tx, None);
+                reply.ok()
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.engine.rmdir(self.tx(req), self.obj(parent), name) {
-            Ok(()) => reply.ok(),
+        let tx = self.tx(req);
+        match self.engine.rmdir(tx, self.obj(parent), name) {
+            Ok(()) => {
+                self.view_saw(tx, None);
+                reply.ok()
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
         let tx = self.tx(req);
         match self.engine.symlink(tx, self.obj(parent), link_name, target.as_os_str(), req.uid(), req.gid()) {
             Ok(a) => {
                 let fa = self.entry_attr(tx, &a);
-                self.gate.reply(tx, fa.ino.0, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.view_saw(tx, None);
+                self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -871,18 +999,25 @@ impl Filesystem for TxFs {
             noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
         };
-        match self.engine.rename(self.tx(req), self.obj(parent), name, self.obj(newparent), newname, f) {
-            Ok(()) => reply.ok(),
+        let tx = self.tx(req);
+        match self.engine.rename(tx, self.obj(parent), name, self.obj(newparent), newname, f) {
+            Ok(()) => {
+                self.view_saw(tx, None);
+                reply.ok()
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
         let tx = self.tx(req);
         match self.engine.link(tx, self.obj(ino), self.obj(newparent), newname) {
             Ok(a) => {
                 let fa = self.entry_attr(tx, &a);
-                self.gate.reply(tx, fa.ino.0, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.view_saw(tx, None);
+                self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -895,7 +1030,12 @@ impl Filesystem for TxFs {
                 return reply.error(errno(&e));
             }
         }
-        let inval = if flags.0 & libc::O_TRUNC != 0 { self.committed_now(tx, self.obj(ino)) } else { Vec::new() };
+        let inval = if flags.0 & libc::O_TRUNC != 0 {
+            self.view_saw(tx, Some(self.obj(ino)));
+            self.committed_now(tx, self.obj(ino))
+        } else {
+            Vec::new()
+        };
         match self.open_handle(self.obj(ino), tx, flags.0) {
             Ok((fh, fopen)) => self.after(inval, move || reply.opened(FileHandle(fh), fopen)),
             Err(e) => reply.error(errno(&e)),
@@ -959,7 +1099,9 @@ impl Filesystem for TxFs {
             return reply.error(Errno::EBADF);
         };
         // O_APPEND appends at the end of the file as this transaction sees it.
-        let r = if append {
+        // A write-back carries its offset (the kernel picks any writable
+        // handle for it, maybe an O_APPEND one).
+        let r = if append && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
             self.engine.append(tx, o, data).map(|_| data.len())
         } else {
             self.engine.write(tx, o, offset, data)
@@ -969,7 +1111,10 @@ impl Filesystem for TxFs {
         let inval =
             if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) { Vec::new() } else { self.committed_now(tx, o) };
         match r {
-            Ok(n) => self.after(inval, move || reply.written(n as u32)),
+            Ok(n) => {
+                self.view_saw(tx, Some(o));
+                self.after(inval, move || reply.written(n as u32))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -1146,6 +1291,8 @@ impl Filesystem for TxFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
         let tx = self.tx(req);
         let attr = match self.engine.create(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
             Ok(a) => a,
@@ -1153,8 +1300,10 @@ impl Filesystem for TxFs {
         };
         match self.open_handle(attr.obj, tx, flags) {
             Ok((fh, fopen)) => {
+                self.view_saw(tx, None);
                 let fa = fattr(&attr);
-                self.gate.reply(tx, fa.ino.0, |ttl| reply.created(ttl, &fa, Generation(0), FileHandle(fh), fopen))
+                self.gate
+                    .reply(tx, fa.ino.0, ticket, |ttl| reply.created(ttl, &fa, Generation(0), FileHandle(fh), fopen))
             }
             Err(e) => reply.error(errno(&e)),
         }

@@ -131,6 +131,18 @@ impl TxMap {
         tx
     }
 
+    /// Records a begin by `tid` that nests into `tx`, which it does not own
+    /// (a thread in a transaction view: everything there is the view's).
+    pub fn join(&self, tid: u32, tx: TxId) {
+        let mut g = self.inner.lock();
+        match g.threads.get_mut(&tid) {
+            Some(t) => t.depth += 1,
+            None => {
+                g.threads.insert(tid, ThreadTx { tx, depth: 1, owned: false, start: start_time(tid) });
+            }
+        }
+    }
+
     /// Ends one level of `tid`'s transaction. Returns `Some((tx, owned))`
     /// when the outermost level ended.
     pub fn end(&self, tid: u32) -> Option<(TxId, bool)> {

@@ -270,3 +270,24 @@ fn run_falls_back_when_the_daemon_does_not_serve_the_view() {
     assert!(!m.log_text().contains("serving a transaction view"));
     assert_eq!(m.live_txs(), 0);
 }
+
+/// The run's own output goes through a descriptor opened outside it (the
+/// shell's redirection: the shared mount, attributed by process tree),
+/// while the run reads the same file through its view. The view must not
+/// answer from what it cached before the write (size, pages, names).
+#[test]
+fn a_view_sees_what_its_run_wrote_through_the_shared_mount() {
+    let m = Mount::new();
+    let log = std::fs::File::create(m.path("log")).unwrap();
+    let script = format!(
+        "echo one; wc -c < {log} >&2; ls {mnt} >&2; echo two; wc -c < {log} >&2; cat {log} >&2",
+        log = m.path("log").display(),
+        mnt = m.mnt().display()
+    );
+    let out = m.run_cmd(&[], &["sh", "-c", &script]).stdout(log).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().map(str::trim).collect();
+    assert_eq!(lines, ["4", "log", "8", "one", "two"], "what the view saw");
+    assert_eq!(std::fs::read_to_string(m.path("log")).unwrap(), "one\ntwo\n");
+}
