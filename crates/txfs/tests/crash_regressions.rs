@@ -18,10 +18,14 @@ use common::*;
 /// and even after it aborted: an uncommitted change leaves a trace
 /// (SPEC: abort leaves no trace; others see the committed state).
 ///
-/// The fix: directories a transaction looks up get private node ids too, as
-/// regular files already had (`fs.rs`, `Private`), so that the kernel kills
-/// only the transaction's own inode.
+/// Open. Private node ids for directories (as regular files have) fix this
+/// test but were reverted: a lookup answered with another node id than the
+/// kernel's dentry makes it `d_invalidate` the dentry, which unhashes other
+/// processes' working directories (`getcwd` → ENOENT) and detaches mounts
+/// below it — worse than this bug. `txfs run` as root (a transaction view)
+/// does not have it. Run with `--ignored`.
 #[test]
+#[ignore = "open bug: an uncommitted rmdir kills the shared directory inode in the kernel (see the story)"]
 fn uncommitted_rmdir_does_not_hide_a_directory_from_others() {
     let m = Mount::with_backing(|b| {
         std::fs::create_dir_all(b.join("d/x")).unwrap();
