@@ -389,7 +389,12 @@ impl Mount {
                 let _ = child.kill();
                 wait_timeout(&mut child, Duration::from_secs(5));
                 wait_timeout(&mut um, Duration::from_secs(5));
-                panic!("txfs umount did not finish within 30 s\n{diag}\nlog:\n{}", self.log_text());
+                let mut um_err = String::new();
+                let _ = um.stderr.take().map(|mut e| std::io::Read::read_to_string(&mut e, &mut um_err));
+                panic!(
+                    "txfs umount did not finish within 30 s (its stderr: {um_err:?})\n{diag}\nlog:\n{}",
+                    self.log_text()
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         };
