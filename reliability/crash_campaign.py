@@ -616,8 +616,12 @@ def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
             for e in evs:
                 if e["ev"] == "error":
                     # ENOENT inside a transaction for a path its snapshot holds: the open kernel-dcache bug
-                    # pinned by crates/txfs/tests/crash_regressions.rs (ignored); counted apart.
-                    if e["errno"] == errno.ENOENT:
+                    # pinned by crates/txfs/tests/crash_regressions.rs (ignored); counted apart. Same bug,
+                    # seen once in CI: another transaction's uncommitted rmdir marked the directory dead in
+                    # the kernel, so this transaction's readdir of it came back empty, it planned an rmdir
+                    # without unlinking, and the daemon (rightly, from its snapshot) said ENOTEMPTY.
+                    trying = e.get("trying") or [""]
+                    if e["errno"] == errno.ENOENT or (e["errno"] == errno.ENOTEMPTY and trying[0] == "x"):
                         enoent += 1
                     else:
                         st[1] += 1
@@ -697,7 +701,8 @@ def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
     ]
     for r in rows:
         r["seconds"] = round(secs / len(rows), 2)
-    known = H.row("ENOENT in a transaction for a path its snapshot holds", "isolation", txs, enoent, 0, 0, cmd)
+    known = H.row("ENOENT (or an empty listing) in a transaction for a directory its snapshot holds",
+                  "isolation", txs, enoent, 0, 0, cmd)
     known["known_bug"] = ("open: an uncommitted rmdir/rename of a directory reaches the kernel's shared "
                           "dentry/inode (crates/txfs/tests/crash_regressions.rs, ignored)")
     rows.append(known)
