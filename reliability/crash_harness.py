@@ -23,6 +23,8 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from report import finish, row  # noqa: F401  (re-exported to the checks)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 
@@ -197,25 +199,6 @@ def command(script: str, args: argparse.Namespace, extra: Optional[List[str]] = 
     parts = ["python3", f"reliability/{script}", f"--{args.mode}", "--seed", str(args.seed)]
     return shlex.join(parts + (extra or []))
 
-
-def row(check: str, level: str, tried: int, violations: int, data_lost: int, seconds: float, cmd: str) -> Dict[str, Any]:
-    return {"check": check, "level": level, "tried": int(tried), "violations": int(violations),
-            "data_lost": int(data_lost), "seconds": round(float(seconds), 2), "command": cmd}
-
-
-def finish(args: argparse.Namespace, rows: List[Dict[str, Any]], notes: List[str]) -> None:
-    out = {"rows": rows, "notes": notes}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-            f.write("\n")
-    for r in rows:
-        print(f"{r['check']}: tried {r['tried']}, violations {r['violations']}, "
-              f"data lost {r['data_lost']}, {r['seconds']} s  ({r['command']})")
-    for n in notes:
-        print(f"note: {n}")
-    # A row marked known_bug (an open bug with an ignored regression test) is reported, not failed.
-    sys.exit(1 if any((r["violations"] or r["data_lost"]) and not r.get("known_bug") for r in rows) else 0)
 
 
 def rmtree(d: str) -> None:
