@@ -269,6 +269,31 @@ pub struct TxFs {
     view: Option<TxId>,
     /// The transaction views this (shared) mount serves.
     views: Views,
+    /// Node ids whose pages the kernel may cache (see [`Paged`]).
+    paged: Arc<Paged>,
+}
+
+/// The node ids of the shared mount that may have pages in the kernel's
+/// page cache. Handles there are `FOPEN_DIRECT_IO`, so a page is only ever
+/// filled by a READ without a lock owner (a mapping's fault) or by a
+/// mapping's write-back; a node is added before that READ touches the
+/// engine, and never removed. A change to any other node has no pages to
+/// drop, so its reply is sent at once instead of after a hand-off to the
+/// invalidation thread (which costs a thread switch per plain write and per
+/// commit). A node added after a commit's check read the committed data.
+#[derive(Default)]
+struct Paged(Mutex<std::collections::HashSet<u64>>);
+
+impl Paged {
+    fn add(&self, ino: u64) {
+        self.0.lock().insert(ino);
+    }
+
+    fn keep(&self, mut objs: Vec<ObjId>) -> Vec<ObjId> {
+        let set = self.0.lock();
+        objs.retain(|o| set.contains(&o.0));
+        objs
+    }
 }
 
 /// An open directory's transaction (of the opener) and its listing, taken at
@@ -416,8 +441,9 @@ impl TxFs {
         let txs: Arc<TxMap> = Arc::default();
         let gate: Arc<CacheGate> = Arc::default();
         let views: Views = Arc::default();
+        let paged: Arc<Paged> = Arc::default();
         let (e, t, p, g, inval) = (engine.clone(), txs.clone(), private.clone(), gate.clone(), tx.clone());
-        let vs = views.clone();
+        let (vs, pg) = (views.clone(), paged.clone());
         std::thread::Builder::new()
             .name("txfs-reaper".into())
             .spawn(move || loop {
@@ -425,7 +451,7 @@ impl TxFs {
                 for dead in t.reap() {
                     tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
                     let (_, pages) = end_tx(&e, &p, &g, &vs, dead, None);
-                    let _ = inval.send((pages, Box::new(|| {})));
+                    let _ = inval.send((pg.keep(pages), Box::new(|| {})));
                 }
             })
             .expect("spawning the reaper thread");
@@ -442,6 +468,7 @@ impl TxFs {
             gate,
             view: None,
             views,
+            paged,
         }
     }
 
@@ -463,6 +490,7 @@ impl TxFs {
             gate: Arc::new(CacheGate { view: true, ..CacheGate::default() }),
             view: Some(tx),
             views: Arc::default(),
+            paged: Arc::default(),
         }
     }
 
@@ -599,6 +627,7 @@ impl TxFs {
     /// Sends `reply` once the cached pages of `objs` are gone (on the
     /// invalidation thread; see the module docs).
     fn after(&self, objs: Vec<ObjId>, reply: impl FnOnce() + Send + 'static) {
+        let objs = if self.view.is_none() { self.paged.keep(objs) } else { objs };
         if objs.is_empty() || self.notifier.get().is_none() {
             return reply();
         }
@@ -1064,6 +1093,7 @@ impl Filesystem for TxFs {
         let tx = if lock_owner.is_some() || self.view.is_some() {
             self.tx_fh(req, fh)
         } else {
+            self.paged.add(ino.0);
             match self.private_owner(ino) {
                 Some(owner) => owner,
                 None => self.tx_fh(req, fh).filter(|t| self.engine.created_by(*t, o)),
@@ -1078,7 +1108,7 @@ impl Filesystem for TxFs {
     fn write(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -1091,6 +1121,7 @@ impl Filesystem for TxFs {
         // (module docs), never into whichever transaction happens to be near.
         // In a transaction view even a write-back is the transaction's.
         let tx = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && self.view.is_none() {
+            self.paged.add(ino.0);
             None
         } else {
             self.tx_fh(req, fh)
