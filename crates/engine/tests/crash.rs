@@ -1133,6 +1133,11 @@ fn journal_records(s: &dyn Storage) -> (PathBuf, Vec<(u64, u64)>) {
     while at + REC_HEADER_LEN <= len {
         let mut h = [0u8; REC_HEADER_LEN as usize];
         assert_eq!(s.read_at(&path, at, &mut h).unwrap(), h.len());
+        if h.iter().all(|b| *b == 0) {
+            // The zeroed runway after the last record (journal.rs).
+            assert!(read_all(s, &path)[at as usize..].iter().all(|b| *b == 0), "bytes after the runway's start");
+            return (path, v);
+        }
         let meta_len = u32::from_le_bytes(h[24..28].try_into().unwrap()) as u64;
         let data_len = u64::from_le_bytes(h[32..40].try_into().unwrap());
         let end = at + REC_HEADER_LEN + meta_len + data_len;

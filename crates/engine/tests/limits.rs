@@ -12,16 +12,30 @@ use std::sync::Arc;
 use txfs_engine::storage::{FileKind, MemFs, Meta, Storage, StoredFile, Timestamp};
 use txfs_engine::{Durability, Engine, ObjId, Options, META_DIR};
 
-/// A MemFs whose disk holds `limit` more written bytes, then says ENOSPC.
+/// A MemFs whose disk holds `left` more bytes, then says ENOSPC. Like a real
+/// disk, only growing a file takes space (overwrites are free) and cutting
+/// one gives it back.
 struct SmallDisk {
     inner: MemFs,
     left: Arc<AtomicU64>,
 }
 
-fn take(left: &AtomicU64, n: usize) -> io::Result<()> {
-    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(n as u64))
+fn take(left: &AtomicU64, n: u64) -> io::Result<()> {
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(n))
         .map(|_| ())
         .map_err(|_| io::Error::from_raw_os_error(libc::ENOSPC))
+}
+
+/// Charges a write of `n` bytes at `off` to a file now `len` long.
+fn take_growth(left: &AtomicU64, len: u64, off: u64, n: usize) -> io::Result<()> {
+    take(left, (off + n as u64).saturating_sub(len))
+}
+
+/// Gives back what cutting a file from `len` to `to` frees.
+fn give_back(left: &AtomicU64, len: u64, to: u64) {
+    if to < len {
+        let _ = left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| Some(l.saturating_add(len - to)));
+    }
 }
 
 struct SmallFile {
@@ -34,11 +48,15 @@ impl StoredFile for SmallFile {
         self.inner.read_at(off, buf)
     }
     fn write_at(&self, off: u64, data: &[u8]) -> io::Result<()> {
-        take(&self.left, data.len())?;
+        take_growth(&self.left, self.inner.len()?, off, data.len())?;
         self.inner.write_at(off, data)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
+        let was = self.inner.len()?;
+        take(&self.left, len.saturating_sub(was))?;
+        self.inner.set_len(len)?;
+        give_back(&self.left, was, len);
+        Ok(())
     }
     fn len(&self) -> io::Result<u64> {
         self.inner.len()
@@ -59,11 +77,15 @@ impl Storage for SmallDisk {
         self.inner.read_at(p, off, buf)
     }
     fn write_at(&self, p: &Path, off: u64, data: &[u8]) -> io::Result<()> {
-        take(&self.left, data.len())?;
+        take_growth(&self.left, self.inner.lstat(p)?.size, off, data.len())?;
         self.inner.write_at(p, off, data)
     }
     fn set_len(&self, p: &Path, len: u64) -> io::Result<()> {
-        self.inner.set_len(p, len)
+        let was = self.inner.lstat(p)?.size;
+        take(&self.left, len.saturating_sub(was))?;
+        self.inner.set_len(p, len)?;
+        give_back(&self.left, was, len);
+        Ok(())
     }
     fn create_file(&self, p: &Path, mode: u32) -> io::Result<()> {
         self.inner.create_file(p, mode)
