@@ -2,8 +2,11 @@
  *
  * Every call resolves a mount, opens its root directory, issues one ioctl of
  * the wire protocol in txfs.h and closes the descriptor again — except that
- * the outermost begin keeps its descriptor until the transaction ends, so a
- * transaction costs the daemon five requests, not eight. The daemon owns the
+ * the outermost begin keeps its descriptor until the transaction ends. Each
+ * thread remembers the last mount it resolved and checked (its device
+ * number), and re-checks it with statx(AT_STATX_DONT_SYNC), which the kernel
+ * answers from its own inode: a transaction costs the daemon four requests
+ * (OPENDIR, begin, commit, RELEASEDIR), not eight. The daemon owns the
  * transaction (it identifies it by the calling thread's id); this library
  * only remembers, per thread, which mount that thread's transaction lives on
  * (and the descriptor), so that commit and abort reach the same daemon as the
@@ -227,8 +230,32 @@ TXFS_API int txfs__find_mount(const char *mountinfo, const char *path, char *out
     return rc;
 }
 
+/* The calling thread's last resolution: `key` (the path asked about, or ""
+ * for the default mount) was found on `mount`, whose root is device `dev`;
+ * `checked`: that device was seen to be FUSE by open_mount. */
+static __thread struct {
+    int valid, checked;
+    dev_t dev;
+    char key[PATH_MAX];
+    char mount[PATH_MAX];
+} last;
+
+/* The device of `path` as the kernel has it cached: no request to the
+ * daemon (FUSE honours AT_STATX_DONT_SYNC). `fd` >= 0 with path "": that
+ * descriptor. */
+static int cached_dev(int fd, const char *path, dev_t *dev)
+{
+    struct statx stx;
+    int flags = AT_STATX_DONT_SYNC | (fd >= 0 ? AT_EMPTY_PATH : 0);
+    if (statx(fd >= 0 ? fd : AT_FDCWD, path, flags, STATX_TYPE, &stx) != 0)
+        return -1;
+    *dev = makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    return 0;
+}
+
 /* `path` (NULL: $TXFS_MOUNT if set and non-empty, else the only txfs mount)
- * to the root directory of its txfs mount. */
+ * to the root directory of its txfs mount. Reuses the thread's last answer
+ * while `path` is still on the same device. */
 static int resolve_mount(const char *path, char *out, size_t outlen)
 {
     if (!path) {
@@ -236,15 +263,37 @@ static int resolve_mount(const char *path, char *out, size_t outlen)
         if (env && *env)
             path = env;
     }
-    return txfs__find_mount(TXFS_DEFAULT_MOUNTINFO, path, out, outlen);
+    const char *key = path ? path : "";
+    dev_t dev;
+    if (last.valid && strcmp(last.key, key) == 0 && cached_dev(-1, path ? path : last.mount, &dev) == 0 &&
+        dev == last.dev)
+        return copy_out(out, outlen, last.mount);
+    if (txfs__find_mount(TXFS_DEFAULT_MOUNTINFO, path, out, outlen) != 0)
+        return -1;
+    if (strlen(key) < sizeof last.key && strlen(out) < sizeof last.mount && cached_dev(-1, out, &dev) == 0) {
+        strcpy(last.key, key);
+        strcpy(last.mount, out);
+        last.dev = dev;
+        last.checked = 0;
+        last.valid = 1;
+    } else {
+        last.valid = 0;
+    }
+    return 0;
 }
 
-/* Open the root of `mount` and check it is FUSE: a descriptor, or -1. */
+/* Open the root of `mount` and check it is FUSE: a descriptor, or -1. The
+ * check (fstatfs, a request to the daemon) runs once per thread and mount;
+ * after that the device number, known without a request, must match. */
 static int open_mount(const char *mount)
 {
     int fd = open(mount, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return -1;
+    int known = last.valid && strcmp(last.mount, mount) == 0;
+    dev_t dev;
+    if (known && last.checked && cached_dev(fd, "", &dev) == 0 && dev == last.dev)
+        return fd;
     struct statfs sfs;
     if (fstatfs(fd, &sfs) != 0) {
         int e = errno;
@@ -257,6 +306,8 @@ static int open_mount(const char *mount)
         errno = ENOTTY;
         return -1;
     }
+    if (known && cached_dev(fd, "", &dev) == 0 && dev == last.dev)
+        last.checked = 1;
     return fd;
 }
 

@@ -24,6 +24,8 @@ exactly as the C library's ``fs_tx_begin`` does (see :func:`find_mount` and
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import errno
 import fcntl
 import functools
@@ -132,6 +134,89 @@ def _clear() -> None:
     _local.tid = 0
 
 
+# ---- mount resolution, remembered per thread ---------------------------------
+#
+# Resolving a mount reads /proc/self/mountinfo and stats the path (a GETATTR
+# to the daemon each, when the kernel has no fresh attributes). Each thread
+# remembers its last answer and re-checks it by the device number the kernel
+# has cached (statx with AT_STATX_DONT_SYNC: no request), as the C library
+# does: a transaction then costs OPENDIR, begin, commit and RELEASEDIR.
+
+_AT_FDCWD = -100
+_AT_STATX_DONT_SYNC = 0x4000
+_STATX_TYPE = 0x1
+
+
+class _Statx(ctypes.Structure):
+    _fields_ = [
+        ("mask", ctypes.c_uint32),
+        ("blksize", ctypes.c_uint32),
+        ("attributes", ctypes.c_uint64),
+        ("nlink", ctypes.c_uint32),
+        ("uid", ctypes.c_uint32),
+        ("gid", ctypes.c_uint32),
+        ("mode", ctypes.c_uint16),
+        ("_pad1", ctypes.c_uint16),
+        ("ino", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("blocks", ctypes.c_uint64),
+        ("attributes_mask", ctypes.c_uint64),
+        ("times", ctypes.c_uint8 * 64),
+        ("rdev_major", ctypes.c_uint32),
+        ("rdev_minor", ctypes.c_uint32),
+        ("dev_major", ctypes.c_uint32),
+        ("dev_minor", ctypes.c_uint32),
+        ("_spare", ctypes.c_uint64 * 14),
+    ]
+
+
+def _load_statx() -> Optional[Any]:
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).statx
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_Statx)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_statx = _load_statx()
+
+
+def _cached_dev(path: str) -> Optional[int]:
+    """The device of ``path`` as the kernel has it cached, or None."""
+    if _statx is None:
+        return None
+    buf = _Statx()
+    if _statx(_AT_FDCWD, os.fsencode(path), _AT_STATX_DONT_SYNC, _STATX_TYPE, ctypes.byref(buf)) != 0:
+        return None
+    return os.makedev(buf.dev_major, buf.dev_minor)
+
+
+class _Last(threading.local):
+    def __init__(self) -> None:
+        self.key: Optional[tuple[str, str]] = None
+        self.mount = ""
+        self.dev = 0
+
+
+_last = _Last()
+
+
+def _resolve(mount: Optional[PathArg]) -> str:
+    """:func:`find_mount`, answered from the thread's last resolution while
+    the path is still on the same device."""
+    path = os.fspath(mount) if mount is not None else os.environ.get("TXFS_MOUNT") or None
+    key = (os.fsdecode(path) if path is not None else "", str(mounts.MOUNTINFO))
+    if _last.key == key and _cached_dev(key[0] or _last.mount) == _last.dev:
+        return _last.mount
+    root = find_mount(mount)
+    dev = _cached_dev(root)
+    _last.key = key if dev is not None else None
+    _last.mount, _last.dev = root, dev or 0
+    return root
+
+
 def in_transaction() -> bool:
     """Whether the calling thread began a transaction here that is still open."""
     return _valid()
@@ -178,7 +263,7 @@ def _current_mount() -> str:
     if _valid():
         assert _local.mount is not None
         return _local.mount
-    return find_mount()
+    return _resolve(None)
 
 
 # ---- the API -----------------------------------------------------------------
@@ -192,7 +277,7 @@ def begin(mount: Optional[PathArg] = None, flags: int = 0) -> None:
     mount), ``ENOTUNIQ`` (several), ``ENOTTY`` (not a txfs path), ``EXDEV``
     (nested begin on another mount than the open transaction's), ...
     """
-    root = find_mount(mount)
+    root = _resolve(mount)
     nested = _valid()
     if nested and root != _local.mount:
         assert _local.mount is not None
