@@ -674,7 +674,15 @@ impl TxFs {
         let fh = self.new_fh();
         self.handles.lock().insert(fh, Handle { obj: o, tx, append: flags & libc::O_APPEND != 0 });
         // A view's pages are its transaction's: the kernel may keep them.
-        let fopen = if self.view.is_some() { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::FOPEN_DIRECT_IO };
+        let mut fopen = if self.view.is_some() { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::FOPEN_DIRECT_IO };
+        // No FLUSH at close (a round trip per close(2)) unless the handle
+        // can carry a shared writable mapping (O_RDWR only: mmap needs read
+        // access), whose dirty pages the kernel writes back at flush. This
+        // file system does nothing else on it: no writeback cache, and POSIX
+        // locks are the kernel's own.
+        if flags & libc::O_ACCMODE != libc::O_RDWR {
+            fopen |= FopenFlags::FOPEN_NOFLUSH;
+        }
         Ok((fh, fopen))
     }
 
