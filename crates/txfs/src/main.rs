@@ -318,7 +318,7 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     let mut config = fuser::Config::default();
     config.mount_options = mopts;
     config.acl = acl;
-    config.n_threads = Some(4);
+    config.n_threads = Some(std::env::var("TXFS_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(16));
     let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
     let _ = notifier_slot.set(session.notifier());
     // Kernel caching while no transaction is live needs FUSE_NOTIFY_INC_EPOCH.
