@@ -67,8 +67,13 @@ enum Cmd {
         #[arg(short = 'f', long)]
         foreground: bool,
         /// Mount options, comma-separated: allow_other, allow_root, ro, rw,
-        /// dev, nodev, suid, nosuid, exec, noexec (fstab's defaults, auto,
-        /// noauto, user, _netdev and atime options are accepted and ignored).
+        /// dev, nodev, suid, nosuid, exec, noexec, default_permissions
+        /// (fstab's defaults, auto, noauto, user, _netdev and atime options
+        /// are accepted and ignored). The kernel checks file modes unless
+        /// root mounts without allow_other/allow_root: then only root can
+        /// reach the mount and the checks (a round trip per directory on a
+        /// path, inside a transaction) are skipped; default_permissions
+        /// keeps them (for root processes without CAP_DAC_OVERRIDE).
         #[arg(short = 'o')]
         options: Vec<String>,
     },
@@ -295,16 +300,17 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     let mut mopts = vec![
         fuser::MountOption::FSName(format!("txfs:{}", backing.display())),
         fuser::MountOption::CUSTOM("subtype=txfs".into()),
-        fuser::MountOption::DefaultPermissions,
     ];
     let mut acl = fuser::SessionACL::Owner;
+    let mut permissions = false;
     for o in options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
         match o {
             "allow_other" => acl = fuser::SessionACL::All,
             "allow_root" => acl = fuser::SessionACL::RootAndOwner,
             "ro" => mopts.push(fuser::MountOption::RO),
             "rw" => mopts.push(fuser::MountOption::RW),
-            "default_permissions" | "nonempty" | "auto" | "noauto" | "user" | "nouser" | "_netdev" => {}
+            "default_permissions" => permissions = true,
+            "nonempty" | "auto" | "noauto" | "user" | "nouser" | "_netdev" => {}
             "dev" => mopts.push(fuser::MountOption::Dev),
             "nodev" => mopts.push(fuser::MountOption::NoDev),
             "suid" => mopts.push(fuser::MountOption::Suid),
@@ -314,6 +320,16 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
             "atime" | "noatime" | "relatime" => {}
             other => return Err(format!("unknown mount option {other:?}")),
         }
+    }
+    // The kernel checks permissions (and, to do so, asks for the attributes
+    // of every directory on a path whose cached attributes expired: inside
+    // a transaction, every one) unless only root can reach the mount: root
+    // passes those checks anyway (a root process without CAP_DAC_OVERRIDE is
+    // then not held back by file modes: -o default_permissions keeps them).
+    // SAFETY: geteuid has no preconditions.
+    let root_only = matches!(acl, fuser::SessionACL::Owner) && unsafe { libc::geteuid() } == 0;
+    if permissions || !root_only {
+        mopts.push(fuser::MountOption::DefaultPermissions);
     }
     let mut config = fuser::Config::default();
     config.mount_options = mopts;

@@ -91,6 +91,39 @@ fn permissions_are_checked_for_the_calling_user() {
     assert_eq!(std::fs::metadata(m.backing().join("pub/mine")).unwrap().mode() & 0o7777, 0o600);
 }
 
+/// Root's own mount (no allow_other) leaves permission checks out of the
+/// kernel (no GETATTR per path component) and answers access(2) itself:
+/// root may do anything but execute a file without an execute bit. With
+/// allow_other the kernel checks (the test above).
+#[test]
+fn root_only_mount_skips_kernel_permission_checks_and_answers_access() {
+    fn access(p: &Path, mode: i32) -> std::io::Result<()> {
+        // SAFETY: a valid C string; access has no other preconditions.
+        io_result(unsafe { libc::access(cpath(p).as_ptr(), mode) })
+    }
+    let m = Mount::start_with(&[], |b| {
+        std::fs::write(b.join("plain"), "p").unwrap();
+        std::fs::set_permissions(b.join("plain"), std::fs::Permissions::from_mode(0o000)).unwrap();
+        std::fs::write(b.join("tool"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(b.join("tool"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::create_dir(b.join("d")).unwrap();
+        std::fs::set_permissions(b.join("d"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    });
+    let line = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(m.mnt().to_str().unwrap()))
+        .expect("the mount in /proc/self/mounts")
+        .to_string();
+    assert!(!line.contains("default_permissions"), "root-only mount: {line}");
+    access(&m.path("plain"), libc::R_OK | libc::W_OK).expect("root reads and writes a mode 000 file");
+    assert_errno(access(&m.path("plain"), libc::X_OK), libc::EACCES, "X_OK without an execute bit");
+    access(&m.path("tool"), libc::X_OK).expect("X_OK with an execute bit");
+    assert_errno(access(&m.path("missing"), libc::F_OK), libc::ENOENT, "F_OK of a missing name");
+    access(&m.path("d"), libc::X_OK).expect("X_OK of a directory");
+    assert_eq!(std::fs::read(m.path("plain")).unwrap(), b"p", "root opens a mode 000 file");
+}
+
 #[test]
 fn setgid_directories_pass_their_group_on() {
     let m = Mount::new();
