@@ -239,8 +239,9 @@ impl JournalWriter {
         let meta_at = start + REC_HEADER_LEN;
         self.file.write_at(meta_at, meta).ctx("journal write", what)?;
         let data_start = meta_at + meta.len() as u64;
-        let mut sink = DataSink { file: &*self.file, at: data_start, crc, written: 0 };
+        let mut sink = DataSink { file: &*self.file, at: data_start, crc, written: 0, buf: Vec::new() };
         data(&mut sink)?;
+        sink.flush()?;
         if sink.written != data_len {
             return Err(Error::Poisoned(format!(
                 "journal record data length mismatch: {} != {data_len}",
@@ -256,20 +257,44 @@ impl JournalWriter {
     }
 }
 
-/// Streams a record's data part into the journal.
+/// Streams a record's data part into the journal. Small pieces (a
+/// transaction's 4 KiB writes) are gathered and written together: one
+/// `pwrite` per [`SINK_BUF`] instead of one per extent.
 pub struct DataSink<'a> {
     file: &'a dyn StoredFile,
+    /// Where `buf` goes (everything before it is written).
     at: u64,
     crc: u32,
     written: u64,
+    buf: Vec<u8>,
 }
+
+const SINK_BUF: usize = 256 << 10;
 
 impl DataSink<'_> {
     pub fn put(&mut self, bytes: &[u8]) -> Result<()> {
-        self.file.write_at(self.at, bytes).ctx("journal write", || "record data".into())?;
         self.crc = crc32c::crc32c_append(self.crc, bytes);
-        self.at += bytes.len() as u64;
         self.written += bytes.len() as u64;
+        if self.buf.len() + bytes.len() <= SINK_BUF {
+            self.buf.extend_from_slice(bytes);
+            return Ok(());
+        }
+        self.flush()?;
+        if bytes.len() < SINK_BUF {
+            self.buf.extend_from_slice(bytes);
+            return Ok(());
+        }
+        self.file.write_at(self.at, bytes).ctx("journal write", || "record data".into())?;
+        self.at += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if !self.buf.is_empty() {
+            self.file.write_at(self.at, &self.buf).ctx("journal write", || "record data".into())?;
+            self.at += self.buf.len() as u64;
+            self.buf.clear();
+        }
         Ok(())
     }
 }
