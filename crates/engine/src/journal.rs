@@ -32,9 +32,10 @@
 //! one after overwriting blocks already written and synced flushes only the
 //! data (~150 µs). So the writer keeps up to [`RUNWAY`] bytes of zeros
 //! written past the last record, and small records overwrite them; the file
-//! grows once per runway instead of once per commit. A record header of
-//! zeros is the clean end of the journal, not a torn tail: a record's header
-//! is written last, so a record whose header never landed was never whole.
+//! grows once per runway instead of once per commit. A tail of nothing but
+//! zeros is the clean end of the journal, not a torn tail. Anything else
+//! after the last whole record is cut by recovery (as before), so no stale
+//! record can line up with a later append.
 //!
 //! ## Torn tail versus damage (invariant J3)
 //! Scanning stops at the first record that is short or fails its checksum.
@@ -458,11 +459,17 @@ fn read_record(file: &dyn StoredFile, len: u64, at: u64) -> std::result::Result<
     Ok((RawHeader { seq: u64_at(8), durable_upto: u64_at(16), meta_len, data_len, end }, meta))
 }
 
-/// Whether the record header at `at` is all zeros (or the file ends there).
-fn zero_header(file: &dyn StoredFile, len: u64, at: u64) -> bool {
-    let mut h = [0u8; REC_HEADER_LEN as usize];
-    let n = (len.saturating_sub(at)).min(REC_HEADER_LEN) as usize;
-    read_exact(file, at, &mut h[..n]).is_ok() && h[..n].iter().all(|b| *b == 0)
+/// Whether every byte from `at` to `len` is zero.
+fn zero_tail(file: &dyn StoredFile, len: u64, mut at: u64) -> bool {
+    let mut buf = vec![0u8; 1 << 16];
+    while at < len {
+        let n = ((len - at) as usize).min(buf.len());
+        if read_exact(file, at, &mut buf[..n]).is_err() || buf[..n].iter().any(|b| *b != 0) {
+            return false;
+        }
+        at += n as u64;
+    }
+    true
 }
 
 pub fn read_exact(file: &dyn StoredFile, mut off: u64, mut buf: &mut [u8]) -> std::io::Result<()> {
@@ -515,9 +522,12 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
                 at = rh.end;
             }
             Err(reason) => {
-                // A header of zeros is the runway: the clean end, unless a
-                // later record says it was durable (checked below).
-                let clean = zero_header(file, len, at);
+                // Nothing but zeros from here on is the runway: the clean
+                // end, unless a later record says it was durable (checked
+                // below). Anything else after a zero header (records whose
+                // predecessor's header never landed) is a torn tail to cut:
+                // left in place, a later append could line up with it.
+                let clean = zero_tail(file, len, at);
                 // Is there a later whole record claiming durability past here?
                 let mut probe = at + 1;
                 let mut buf = vec![0u8; 1 << 16];
