@@ -341,7 +341,16 @@ fn end_tx(
         v.end();
     }
     let mut pages = all_ids(private, changed);
-    pages.extend(own);
+    pages.extend(own.iter().copied());
+    // Private ids the kernel does not hold (any more) go now; the others
+    // when it forgets them (`forget`).
+    let mut p = private.lock();
+    for k in own {
+        if !p.nlookup.contains_key(&k.0) {
+            p.remove(k.0);
+        }
+    }
+    drop(p);
     (r, pages)
 }
 
@@ -424,7 +433,28 @@ struct Private {
     by_pair: HashMap<(TxId, ObjId), u64>,
     of_obj: HashMap<ObjId, Vec<u64>>,
     of_tx: HashMap<TxId, Vec<u64>>,
+    /// Lookups of a private id the kernel counts (entry replies) and has
+    /// not forgotten: an id is dropped once its transaction has ended and
+    /// this is zero, so the maps (and `all_ids`) do not grow with every
+    /// transaction the daemon ever served.
+    nlookup: HashMap<u64, u64>,
     next: u64,
+}
+
+impl Private {
+    fn remove(&mut self, k: u64) {
+        if let Some((t, o)) = self.owner.remove(&k) {
+            self.by_pair.remove(&(t, o));
+            if let Some(v) = self.of_obj.get_mut(&o) {
+                v.retain(|x| *x != k);
+                if v.is_empty() {
+                    self.of_obj.remove(&o);
+                }
+            }
+        }
+        self.nlookup.remove(&k);
+        tracing::trace!(node = k, "private node id dropped");
+    }
 }
 
 impl TxFs {
@@ -613,9 +643,14 @@ impl TxFs {
     }
 
     /// Attributes for an entry reply, under the node id `tx` knows them by.
+    /// Attributes for an entry reply (the kernel counts a lookup of the
+    /// node id it names).
     fn entry_attr(&self, tx: Option<TxId>, a: &Attr) -> FileAttr {
         let mut f = fattr(a);
         f.ino = INodeNo(self.node_id(tx, a.obj, a.kind));
+        if f.ino.0 >= PRIVATE_BASE {
+            *self.private.lock().nlookup.entry(f.ino.0).or_default() += 1;
+        }
         f
     }
 
@@ -866,6 +901,27 @@ impl Filesystem for TxFs {
         tracing::info!("unmounting: checkpointing");
         if let Err(e) = self.engine.shutdown() {
             tracing::error!("final checkpoint failed: {e}");
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if ino.0 < PRIVATE_BASE || self.view.is_some() {
+            return;
+        }
+        let mut p = self.private.lock();
+        let Some(n) = p.nlookup.get_mut(&ino.0) else { return };
+        *n = n.saturating_sub(nlookup);
+        if *n > 0 {
+            return;
+        }
+        p.nlookup.remove(&ino.0);
+        // Its transaction still live: it may look the file up again (and
+        // gets the same id); `end_tx` drops it.
+        let live = p.owner.get(&ino.0).is_some_and(|(t, _)| self.engine.is_live(*t));
+        if !live {
+            p.remove(ino.0);
+            drop(p);
+            self.paged.0.lock().remove(&ino.0);
         }
     }
 
