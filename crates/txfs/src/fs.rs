@@ -960,12 +960,12 @@ impl Filesystem for TxFs {
 
     /// Sent by access(2) and chdir(2) only on a mount without
     /// `default_permissions` (root's own mount, see `txfs mount --help`),
-    /// whose callers are all root: root may do anything but execute a file
-    /// that has no execute bit.
+    /// whose callers are all root: root may do anything but execute
+    /// something other than a directory that has no execute bit.
     fn access(&self, req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
         let tx = self.tx_at(req, ino).filter(|t| !(ino.0 == 1 && self.engine.is_doomed(*t)));
         match self.engine.getattr(tx, self.obj(ino)) {
-            Ok(a) if mask.contains(fuser::AccessFlags::X_OK) && a.kind == FileKind::File && a.mode & 0o111 == 0 => {
+            Ok(a) if mask.contains(fuser::AccessFlags::X_OK) && a.kind != FileKind::Dir && a.mode & 0o111 == 0 => {
                 reply.error(Errno::EACCES)
             }
             Ok(_) => reply.ok(),

@@ -73,7 +73,8 @@ enum Cmd {
         /// root mounts without allow_other/allow_root: then only root can
         /// reach the mount and the checks (a round trip per directory on a
         /// path, inside a transaction) are skipped; default_permissions
-        /// keeps them (for root processes without CAP_DAC_OVERRIDE).
+        /// keeps them (for root processes without CAP_DAC_OVERRIDE,
+        /// CAP_FOWNER, CAP_CHOWN or CAP_FSETID, e.g. in containers).
         #[arg(short = 'o')]
         options: Vec<String>,
     },
