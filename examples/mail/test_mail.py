@@ -38,7 +38,8 @@ def run_and_kill(d: str, mode: str, env: dict, rng: random.Random) -> list:
     p.send_signal(signal.SIGKILL)
     rest = p.stdout.read()
     p.wait()
-    return [line.split()[1] for line in [first] + rest.splitlines() if line.startswith("stored")]
+    # A kill can tear the last report line ("stored" without its name): only whole lines count.
+    return [line.split()[1] for line in [first] + rest.splitlines() if line.startswith("stored") and len(line.split()) == 2]
 
 
 def check(d: str, env: dict) -> dict:
