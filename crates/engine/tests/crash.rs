@@ -1121,30 +1121,12 @@ fn failpoint_at_every_storage_op() {
 
 // ----- 4. journal damage ------------------------------------------------------------------------
 
-/// The journal file and its records' `(start, end)` offsets.
+/// The journal file and its records' `(start, end)` offsets; after them
+/// only the zeroed runway, or nothing.
 fn journal_records(s: &dyn Storage) -> (PathBuf, Vec<(u64, u64)>) {
-    let jdir = Path::new(META_DIR).join("journal");
-    let list = s.read_dir(&jdir).expect("journal dir");
-    assert_eq!(list.len(), 1, "one journal file expected: {list:?}");
-    let path = jdir.join(&list[0].0);
-    let len = s.lstat(&path).unwrap().size;
-    let mut at = FILE_HEADER_LEN;
-    let mut v = Vec::new();
-    while at + REC_HEADER_LEN <= len {
-        let mut h = [0u8; REC_HEADER_LEN as usize];
-        assert_eq!(s.read_at(&path, at, &mut h).unwrap(), h.len());
-        if h.iter().all(|b| *b == 0) {
-            // The zeroed runway after the last record (journal.rs).
-            assert!(read_all(s, &path)[at as usize..].iter().all(|b| *b == 0), "bytes after the runway's start");
-            return (path, v);
-        }
-        let meta_len = u32::from_le_bytes(h[24..28].try_into().unwrap()) as u64;
-        let data_len = u64::from_le_bytes(h[32..40].try_into().unwrap());
-        let end = at + REC_HEADER_LEN + meta_len + data_len;
-        v.push((at, end));
-        at = end;
-    }
-    assert_eq!(at, len, "journal does not end on a record boundary");
+    let (path, v, at) = common::journal_records(s);
+    let rest = &read_all(s, &path)[at as usize..];
+    assert!(rest.iter().all(|b| *b == 0), "journal does not end on a record boundary or the runway");
     (path, v)
 }
 

@@ -12,12 +12,14 @@
 //! dropped (and that everything since was built without). SPEC §4: the
 //! recovered state must be a prefix of the commit order actually followed.
 
+mod common;
+
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use txfs_engine::journal::{FILE_HEADER_LEN, REC_HEADER_LEN};
+use txfs_engine::journal::REC_HEADER_LEN;
 use txfs_engine::storage::{CrashFs, CrashPlan, MemFs, Storage};
-use txfs_engine::{Durability, Engine, ObjId, Options, META_DIR};
+use txfs_engine::{Durability, Engine, ObjId, Options};
 
 fn opts() -> Options {
     Options { flush_interval: None, checkpoint_bytes: u64::MAX, ..Default::default() }
@@ -25,25 +27,7 @@ fn opts() -> Options {
 
 /// The journal file and its records (start, end), stopping at a zero header.
 fn records(s: &dyn Storage) -> (PathBuf, Vec<(u64, u64)>) {
-    let jdir = Path::new(META_DIR).join("journal");
-    let list = s.read_dir(&jdir).expect("journal dir");
-    assert_eq!(list.len(), 1, "one journal file expected: {list:?}");
-    let path = jdir.join(&list[0].0);
-    let len = s.lstat(&path).unwrap().size;
-    let mut at = FILE_HEADER_LEN;
-    let mut v = Vec::new();
-    while at + REC_HEADER_LEN <= len {
-        let mut h = [0u8; REC_HEADER_LEN as usize];
-        assert_eq!(s.read_at(&path, at, &mut h).unwrap(), h.len());
-        if h.iter().all(|b| *b == 0) {
-            break;
-        }
-        let meta_len = u32::from_le_bytes(h[24..28].try_into().unwrap()) as u64;
-        let data_len = u64::from_le_bytes(h[32..40].try_into().unwrap());
-        let end = at + REC_HEADER_LEN + meta_len + data_len;
-        v.push((at, end));
-        at = end;
-    }
+    let (path, v, _) = common::journal_records(s);
     (path, v)
 }
 

@@ -104,3 +104,30 @@ pub fn leftovers(s: &dyn Storage) -> Vec<PathBuf> {
     }
     v
 }
+
+/// The one journal file under `.txfs/journal`, its records' `(start, end)`
+/// offsets, and where they end: at a record header of zeros (the runway,
+/// journal.rs) or where no whole header fits.
+pub fn journal_records(s: &dyn Storage) -> (PathBuf, Vec<(u64, u64)>, u64) {
+    use txfs_engine::journal::{FILE_HEADER_LEN, REC_HEADER_LEN};
+    let jdir = Path::new(META_DIR).join("journal");
+    let list = s.read_dir(&jdir).expect("journal dir");
+    assert_eq!(list.len(), 1, "one journal file expected: {list:?}");
+    let path = jdir.join(&list[0].0);
+    let len = s.lstat(&path).unwrap().size;
+    let mut at = FILE_HEADER_LEN;
+    let mut v = Vec::new();
+    while at + REC_HEADER_LEN <= len {
+        let mut h = [0u8; REC_HEADER_LEN as usize];
+        assert_eq!(s.read_at(&path, at, &mut h).unwrap(), h.len());
+        if h.iter().all(|b| *b == 0) {
+            break;
+        }
+        let meta_len = u32::from_le_bytes(h[24..28].try_into().unwrap()) as u64;
+        let data_len = u64::from_le_bytes(h[32..40].try_into().unwrap());
+        let end = at + REC_HEADER_LEN + meta_len + data_len;
+        v.push((at, end));
+        at = end;
+    }
+    (path, v, at)
+}
