@@ -13,14 +13,19 @@
 //!                      deepest path first      — skip if already gone
 //!           marker     syncfs; create .txfs/ckpt-<epoch>.p1; fsync .txfs
 //!  phase 2  place      staged and new objects go to their final names,
-//!                      shallowest first; extra hard links after
+//!                      shallowest first; extra hard links after; a new
+//!                      file whose content is exactly a data file is that
+//!                      data file, renamed into place (its bytes are
+//!                      written once: selective data journaling)
 //!                      — skip if the stage name is gone / target exists
 //!  phase 3  contents   per file: truncate to the cut, write extents from
-//!                      the journal, set the final size; then attributes
+//!                      the journal and from data files, set the final
+//!                      size; then attributes
 //!                      — final-state writes: replaying them is harmless
 //!  phase 4  delete     staged objects that died are removed
 //!           finish     syncfs; create journal <epoch+1>; unlink journal
-//!                      <epoch>; unlink the plan
+//!                      <epoch>; unlink the plan; then the epoch's data
+//!                      files (nothing names them any more)
 //! ```
 //!
 //! Why phase 1 needs the marker: phase 2 may re-create a name phase 1
@@ -34,7 +39,7 @@
 //! bounds how long.
 
 use crate::delta::NO_CUT;
-use crate::engine::{BaseLoc, State, META_DIR, ORPHANS_OBJ};
+use crate::engine::{data_path, BaseLoc, State, META_DIR, ORPHANS_OBJ};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{Epoch, ObjId, Seq};
 use crate::journal::{self, JournalWriter, SyncState};
@@ -68,6 +73,8 @@ pub struct DataOp {
     pub size: u64,
     /// (file offset, length, offset in the epoch's journal)
     pub extents: Vec<(u64, u64, u64)>,
+    /// (file offset, length, data file, offset in it)
+    pub files: Vec<(u64, u64, u64, u64)>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -292,6 +299,28 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             }
         }
     }
+    // New files that are exactly a data file: renamed into place.
+    let mut in_place: HashMap<ObjId, u64> = HashMap::new();
+    for (o, n) in &created {
+        if n.kind != FileKind::File {
+            continue;
+        }
+        let staged = d.objs.get(o).and_then(|od| od.file.as_ref()).and_then(|f| f.staged_file());
+        if let Some((id, size)) = staged {
+            let file_len = st.data_files.get(&id).map(|df| df.file.len());
+            if let Some(Ok(len)) = file_len {
+                if len == size {
+                    in_place.insert(**o, id);
+                }
+            }
+        }
+    }
+    let place_new = |o: ObjId, to: &Path| -> Place {
+        match in_place.get(&o) {
+            Some(id) => Place::Rename { stage: bytes(&data_path(*id)), to: bytes(to) },
+            None => Place::File { to: bytes(to) },
+        }
+    };
     // Phase 2.
     let mut firsts: Vec<(usize, Place)> = Vec::new();
     let mut links: Vec<(usize, Place)> = Vec::new();
@@ -314,7 +343,7 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
                 FileKind::Symlink => {
                     Place::Symlink { to: bytes(&first), target: n.target.clone().unwrap_or_default().into_vec() }
                 }
-                _ => Place::File { to: bytes(&first) },
+                _ => place_new(*o, &first),
             };
             firsts.push((depth, pl));
             upd.new_inos.push(*o);
@@ -337,7 +366,7 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
     for o in &orphan {
         let to = Path::new(META_DIR).join("orphans").join(orphan_name(*o));
         if d.created.contains_key(o) {
-            plan.place.push(Place::File { to: bytes(&to) });
+            plan.place.push(place_new(*o, &to));
             upd.new_inos.push(*o);
         } else {
             plan.place.push(Place::Rename { stage: bytes(&stage_path(*o)), to: bytes(&to) });
@@ -360,7 +389,7 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             }
         };
         let kind = st.node_kind(*o)?;
-        if let Some(f) = &od.file {
+        if let (Some(f), false) = (&od.file, in_place.contains_key(o)) {
             let base = if d.created.contains_key(o) {
                 0
             } else {
@@ -368,9 +397,11 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
                 st.storage.lstat(&bp).ctx("checkpoint stat", || bp.display().to_string())?.size
             };
             let mut extents = Vec::new();
+            let mut files = Vec::new();
             for (off, e) in f.ext.iter() {
                 match e.loc {
                     crate::delta::DataLoc::Journal(ep, joff) if ep == plan.epoch => extents.push((off, e.len, joff)),
+                    crate::delta::DataLoc::File(id, foff) => files.push((off, e.len, id, foff)),
                     _ => {
                         return Err(Error::Poisoned(format!(
                             "{o}: committed extent not in the journal of {:?}",
@@ -379,7 +410,7 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
                     }
                 }
             }
-            plan.data.push(DataOp { path: bytes(&path), cut: f.cut, size: f.size_after(base), extents });
+            plan.data.push(DataOp { path: bytes(&path), cut: f.cut, size: f.size_after(base), extents, files });
         }
         let a = &od.attr;
         let op = AttrOp {
@@ -488,6 +519,20 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
                 let n = ((len - done) as usize).min(1 << 20);
                 buf.resize(n, 0);
                 journal::read_exact(journal, joff + done, &mut buf).ctx("checkpoint journal read", what)?;
+                s.write_at(path, off + done, &buf).ctx("checkpoint write", what)?;
+                done += n as u64;
+            }
+        }
+        // Data files stay until the plan is finished: replay finds them.
+        for &(off, len, id, foff) in &op.files {
+            let dp = data_path(id);
+            let df = s.open_file(&dp, false).ctx("checkpoint data file", || dp.display().to_string())?;
+            let mut done = 0u64;
+            while done < len {
+                let n = ((len - done) as usize).min(1 << 20);
+                buf.resize(n, 0);
+                journal::read_exact(&*df, foff + done, &mut buf)
+                    .ctx("checkpoint data file read", || dp.display().to_string())?;
                 s.write_at(path, off + done, &buf).ctx("checkpoint write", what)?;
                 done += n as u64;
             }
@@ -636,7 +681,9 @@ pub(crate) fn run(st: &mut State, sync: &SyncState) -> Result<()> {
 /// byte it writes, a block per object it creates or moves, its own file and
 /// the next journal's header — plus a margin for directory blocks.
 fn space_needed(plan: &Plan) -> u64 {
-    let data: u64 = plan.data.iter().flat_map(|d| d.extents.iter()).map(|(_, len, _)| len.div_ceil(4096) * 4096).sum();
+    let journaled = plan.data.iter().flat_map(|d| d.extents.iter()).map(|(_, len, _)| *len);
+    let filed = plan.data.iter().flat_map(|d| d.files.iter()).map(|(_, len, _, _)| *len);
+    let data: u64 = journaled.chain(filed).map(|len| len.div_ceil(4096) * 4096).sum();
     let objects = (plan.out.len() + plan.place.len() + plan.data.len()) as u64;
     data + objects * 4096 + (1 << 20)
 }
@@ -701,6 +748,19 @@ fn run_inner(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<()>
         }
     }
     st.committed = Default::default();
+    // The retired journal was the last thing naming the committed data
+    // files (those placed by rename are gone from data/ already). A crash
+    // before this leaves them to recovery, which removes what nothing names.
+    let retired: Vec<u64> = st.data_files.iter().filter(|(_, df)| df.owner.is_none()).map(|(id, _)| *id).collect();
+    for id in retired {
+        st.data_files.remove(&id);
+        match storage.unlink(&data_path(id)) {
+            Ok(()) => {}
+            Err(e) if is_missing(&e) => {}
+            Err(e) => tracing::warn!("{}: {e} (removed at the next start)", data_path(id).display()),
+        }
+    }
+    st.committed_data_bytes = 0;
     st.journal_files.remove(&plan.epoch);
     st.journal_files.insert(next, file.clone());
     st.journal =

@@ -29,7 +29,7 @@
 //! [`FileDelta::compose`]), and applying a delta twice gives the same
 //! result as applying it once — the property checkpoint replay relies on.
 
-use crate::ids::{Epoch, ObjId, TxId};
+use crate::ids::{Epoch, ObjId};
 use crate::storage::{FileKind, Timestamp};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
@@ -43,8 +43,11 @@ pub const NO_CUT: u64 = u64::MAX;
 pub enum DataLoc {
     /// In memory: `buf[start..]`.
     Mem(Arc<Vec<u8>>, usize),
-    /// In a transaction's spill file under `.txfs/spill/`.
-    Spill(TxId, u64),
+    /// In a data file `.txfs/data/<id>` (a transaction's spill file, or a
+    /// new file's staged content), at a byte offset. Committed records name
+    /// data files instead of carrying those bytes (selective data
+    /// journaling, DESIGN §2).
+    File(u64, u64),
     /// In the journal of an epoch, at a byte offset.
     Journal(Epoch, u64),
 }
@@ -54,7 +57,7 @@ impl DataLoc {
     pub fn advance(&self, k: u64) -> DataLoc {
         match self {
             DataLoc::Mem(b, s) => DataLoc::Mem(b.clone(), s + k as usize),
-            DataLoc::Spill(t, o) => DataLoc::Spill(*t, o + k),
+            DataLoc::File(f, o) => DataLoc::File(*f, o + k),
             DataLoc::Journal(e, o) => DataLoc::Journal(*e, o + k),
         }
     }
@@ -189,6 +192,31 @@ impl FileDelta {
     /// A file created empty: nothing of the (non-existent) content below.
     pub fn empty_new() -> FileDelta {
         FileDelta { cut: 0, size: SizeDelta::Exactly(0), ext: ExtentMap::default() }
+    }
+
+    /// A new file whose whole content is a staged data file of `size`
+    /// bytes, byte for byte (holes read as the file's own zeros).
+    pub fn staged(file: u64, size: u64) -> FileDelta {
+        let mut ext = ExtentMap::default();
+        ext.insert(0, size, DataLoc::File(file, 0));
+        FileDelta { cut: 0, size: SizeDelta::Exactly(size), ext }
+    }
+
+    /// The data file this delta is exactly (see [`FileDelta::staged`]), if
+    /// it is one: nothing changed it since it was staged.
+    pub fn staged_file(&self) -> Option<(u64, u64)> {
+        let SizeDelta::Exactly(size) = self.size else { return None };
+        if self.cut != 0 {
+            return None;
+        }
+        let mut it = self.ext.iter();
+        match (it.next(), it.next()) {
+            (Some((0, e)), None) if e.len == size => match e.loc {
+                DataLoc::File(f, 0) => Some((f, size)),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     pub fn size_after(&self, lower: u64) -> u64 {

@@ -58,7 +58,13 @@ pub struct Options {
     /// Bytes of written data a transaction keeps in memory before spilling
     /// the rest to `.txfs/spill/`.
     pub spill_threshold: u64,
-    /// Journal size that triggers a background checkpoint.
+    /// A file created by a transaction whose content reaches this size is
+    /// staged in a data file of its own: its bytes are written once, synced
+    /// before the commit record, and renamed into place by the checkpoint
+    /// instead of being journaled and copied (selective data journaling).
+    pub stage_threshold: u64,
+    /// Journal size (plus committed data files) that triggers a background
+    /// checkpoint.
     pub checkpoint_bytes: u64,
     /// How often the background thread makes ordered commits durable and
     /// checks the journal size; `None`: no background thread.
@@ -69,6 +75,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             spill_threshold: 64 << 20,
+            stage_threshold: 256 << 10,
             checkpoint_bytes: 256 << 20,
             flush_interval: Some(Duration::from_millis(500)),
         }
@@ -166,7 +173,12 @@ pub(crate) struct Tx {
     pub reads: ReadSet,
     pub doomed: Option<String>,
     pub mem_bytes: u64,
-    pub spill: Option<(Arc<dyn StoredFile>, u64)>,
+    /// The transaction's spill data file and where its next bytes go.
+    pub spill: Option<(u64, u64)>,
+    /// Files it created whose content is staged in a data file.
+    pub staged: HashMap<ObjId, u64>,
+    /// A data file of this transaction was written since it was last synced.
+    pub data_dirty: bool,
     /// Objects whose attributes the transaction set itself (setattr), as
     /// opposed to times that its namespace changes bumped.
     pub explicit: std::collections::HashSet<ObjId>,
@@ -182,6 +194,8 @@ impl Tx {
             doomed: None,
             mem_bytes: 0,
             spill: None,
+            staged: HashMap::new(),
+            data_dirty: false,
             explicit: Default::default(),
         }
     }
@@ -200,13 +214,32 @@ pub(crate) struct State {
     pub seq: Seq,
     pub journal: JournalWriter,
     pub journal_files: HashMap<Epoch, Arc<dyn StoredFile>>,
-    pub spills: HashMap<TxId, Arc<dyn StoredFile>>,
+    /// Data files (`.txfs/data/`): of live transactions, and those that
+    /// committed records name until the checkpoint retires them.
+    pub data_files: HashMap<u64, DataFile>,
+    pub next_data: u64,
+    /// Bytes in data files that committed records name (checkpoint trigger).
+    pub committed_data_bytes: u64,
     pub poisoned: Option<String>,
     /// Orphans whose last handle closed: removed once a checkpoint has
     /// retired the journal that may name them.
     pub released_orphans: Vec<ObjId>,
     pub stats: Stats,
     pub spill_threshold: u64,
+    pub stage_threshold: u64,
+}
+
+/// A data file: a transaction's spilled bytes or a new file's staged content.
+pub(crate) struct DataFile {
+    pub file: Arc<dyn StoredFile>,
+    /// The live transaction writing it; `None` once a commit names it.
+    pub owner: Option<TxId>,
+    /// Bytes written: a spill file's end, a staged file's size.
+    pub len: u64,
+}
+
+pub(crate) fn data_path(id: u64) -> PathBuf {
+    Path::new(META_DIR).join("data").join(format!("{id:016x}"))
 }
 
 pub(crate) struct Shared {
@@ -243,6 +276,12 @@ fn reserved(parent: ObjId, name: &OsStr) -> bool {
 }
 
 impl State {
+    /// Committed bytes the next checkpoint works through: the journal and
+    /// the data files its records name.
+    fn uncheckpointed(&self) -> u64 {
+        self.journal.end + self.committed_data_bytes
+    }
+
     pub(crate) fn new_obj(&mut self, kind: FileKind) -> ObjId {
         let o = ObjId(self.next_obj);
         self.next_obj += 1;
@@ -349,9 +388,9 @@ impl State {
                 out.copy_from_slice(src);
                 Ok(())
             }
-            DataLoc::Spill(t, off) => {
-                let f = self.spills.get(t).ok_or_else(|| std::io::Error::other("spill file gone"))?;
-                journal::read_exact(&**f, *off, out)
+            DataLoc::File(id, off) => {
+                let f = self.data_files.get(id).ok_or_else(|| std::io::Error::other("data file gone"))?;
+                journal::read_exact(&*f.file, *off, out)
             }
             DataLoc::Journal(e, off) => {
                 let f = self.journal_files.get(e).ok_or_else(|| std::io::Error::other("journal file gone"))?;
@@ -803,6 +842,17 @@ impl State {
         off.checked_add(data.len() as u64)
             .filter(|e| *e <= i64::MAX as u64)
             .ok_or_else(|| Error::posix("write", format!("{o} at {off}"), libc::EFBIG))?;
+        if self.stage(tx, o, off + data.len() as u64)? {
+            let id = tx.staged[&o];
+            let what = || data_path(id).display().to_string();
+            let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
+            df.file.write_at(off, data).ctx("write", what)?;
+            df.len = df.len.max(off + data.len() as u64);
+            tx.data_dirty = true;
+            tx.delta.obj(o).file = Some(FileDelta::staged(id, df.len));
+            Self::touch(tx, o, true);
+            return Ok(());
+        }
         let loc = if tx.mem_bytes + data.len() as u64 > self.spill_threshold {
             self.spill(tx, data)?
         } else {
@@ -815,19 +865,69 @@ impl State {
         Ok(())
     }
 
+    /// A new, empty data file owned by `tx`.
+    fn new_data_file(&mut self, tx: &Tx, what: &'static str) -> Result<u64> {
+        let id = self.next_data;
+        self.next_data += 1;
+        let path = data_path(id);
+        let f = self.storage.open_file(&path, true).ctx(what, || path.display().to_string())?;
+        f.set_len(0).ctx(what, || path.display().to_string())?;
+        self.data_files.insert(id, DataFile { file: f, owner: Some(tx.id), len: 0 });
+        Ok(id)
+    }
+
     fn spill(&mut self, tx: &mut Tx, data: &[u8]) -> Result<DataLoc> {
         if tx.spill.is_none() {
-            let path = spill_path(tx.id);
-            let f = self.storage.open_file(&path, true).ctx("spill", || path.display().to_string())?;
-            f.set_len(0).ctx("spill", || path.display().to_string())?;
-            self.spills.insert(tx.id, f.clone());
-            tx.spill = Some((f, 0));
+            let id = self.new_data_file(tx, "spill")?;
+            tx.spill = Some((id, 0));
         }
-        let (f, end) = tx.spill.as_mut().expect("just set");
-        f.write_at(*end, data).ctx("spill write", || format!("{}", spill_path(tx.id).display()))?;
-        let loc = DataLoc::Spill(tx.id, *end);
+        let (id, end) = tx.spill.as_mut().expect("just set");
+        let df = self.data_files.get_mut(id).ok_or_else(|| Error::Poisoned("spill file gone".into()))?;
+        df.file.write_at(*end, data).ctx("spill write", || data_path(*id).display().to_string())?;
+        let loc = DataLoc::File(*id, *end);
         *end += data.len() as u64;
+        df.len = *end;
+        tx.data_dirty = true;
         Ok(loc)
+    }
+
+    /// Whether `o`'s content lives in a staged data file of `tx`, staging
+    /// it now if `tx` created it and its content reaches the threshold with
+    /// `end` (its bytes so far are copied in once).
+    fn stage(&mut self, tx: &mut Tx, o: ObjId, end: u64) -> Result<bool> {
+        if tx.staged.contains_key(&o) {
+            return Ok(true);
+        }
+        if !tx.delta.created.contains_key(&o) {
+            return Ok(false);
+        }
+        let size = tx.delta.objs.get(&o).and_then(|od| od.file.as_ref()).map_or(0, |f| f.size_after(0));
+        if size.max(end) < self.stage_threshold {
+            return Ok(false);
+        }
+        let id = self.new_data_file(tx, "stage")?;
+        let what = || data_path(id).display().to_string();
+        // A new file's content is its extents over nothing (holes are zeros).
+        let pieces =
+            tx.delta.objs.get(&o).and_then(|od| od.file.as_ref()).map_or(Vec::new(), |f| f.ext.pieces(0, size));
+        let mut buf = Vec::new();
+        for (off, len, loc) in pieces {
+            let mut done = 0u64;
+            while done < len {
+                let n = ((len - done) as usize).min(1 << 20);
+                buf.resize(n, 0);
+                self.fetch(&loc.advance(done), &mut buf).ctx("stage", what)?;
+                self.data_files[&id].file.write_at(off + done, &buf).ctx("stage", what)?;
+                done += n as u64;
+            }
+        }
+        let df = self.data_files.get_mut(&id).expect("just made");
+        df.file.set_len(size).ctx("stage", what)?;
+        df.len = size;
+        tx.staged.insert(o, id);
+        tx.data_dirty = true;
+        tx.delta.obj(o).file = Some(FileDelta::staged(id, size));
+        Ok(true)
     }
 
     fn truncate(&mut self, tx: &mut Tx, o: ObjId, size: u64) -> Result<()> {
@@ -839,7 +939,15 @@ impl State {
         if size > i64::MAX as u64 {
             return Err(Error::posix("truncate", format!("{o} to {size}"), libc::EFBIG));
         }
-        tx.delta.obj(o).file.get_or_insert_with(FileDelta::default).truncate(size);
+        if let Some(&id) = tx.staged.get(&o) {
+            let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
+            df.file.set_len(size).ctx("truncate", || data_path(id).display().to_string())?;
+            df.len = size;
+            tx.data_dirty = true;
+            tx.delta.obj(o).file = Some(FileDelta::staged(id, size));
+        } else {
+            tx.delta.obj(o).file.get_or_insert_with(FileDelta::default).truncate(size);
+        }
         Self::touch(tx, o, true);
         Ok(())
     }
@@ -860,16 +968,34 @@ impl State {
         self.storage.get_xattr(&p, name).ctx("getxattr", || p.display().to_string())
     }
 
+    /// Removes the data files `tx` still owns (none of its bytes
+    /// survive; a commit has already taken the ones its record names).
     fn discard_tx(&mut self, tx: &Tx) {
-        if tx.spill.is_some() {
-            self.spills.remove(&tx.id);
-            let _ = self.storage.unlink(&spill_path(tx.id));
+        let ids = tx.spill.iter().map(|(id, _)| *id).chain(tx.staged.values().copied());
+        for id in ids {
+            if self.data_files.get(&id).is_some_and(|d| d.owner == Some(tx.id)) {
+                self.data_files.remove(&id);
+                let _ = self.storage.unlink(&data_path(id));
+            }
         }
+    }
+
+    /// The data files of `tx` that hold bytes not yet synced, marking them
+    /// synced: the caller syncs them before the commit record is written.
+    fn take_unsynced(&self, tx: &mut Tx) -> Vec<(u64, Arc<dyn StoredFile>)> {
+        if !std::mem::take(&mut tx.data_dirty) {
+            return Vec::new();
+        }
+        let ids = tx.spill.iter().map(|(id, _)| *id).chain(tx.staged.values().copied());
+        ids.filter_map(|id| self.data_files.get(&id).map(|d| (id, d.file.clone()))).collect()
     }
 }
 
-pub(crate) fn spill_path(t: TxId) -> PathBuf {
-    Path::new(META_DIR).join("spill").join(format!("{}", t.0))
+fn sync_data_files(files: &[(u64, Arc<dyn StoredFile>)]) -> Result<()> {
+    for (id, f) in files {
+        f.sync_data().ctx("commit", || format!("syncing {}", data_path(*id).display()))?;
+    }
+    Ok(())
 }
 
 fn apply_attr(a: &mut Attr, d: &AttrDelta) {
@@ -990,6 +1116,30 @@ impl Engine {
     /// [`Engine::commit`], returning the files whose content the commit
     /// changed (the mount invalidates their kernel page cache).
     pub fn commit_changes(&self, tx: TxId, durability: Durability) -> Result<Vec<ObjId>> {
+        // Data files are synced before the record that names them is
+        // written; outside the lock, so other operations go on meanwhile.
+        // A write that lands after this marks the file dirty again and
+        // commit_locked syncs it under the lock.
+        let unsynced = {
+            let mut st = self.lock();
+            match st.txs.remove(&tx) {
+                Some(mut t) => {
+                    let v = if t.doomed.is_none() { st.take_unsynced(&mut t) } else { Vec::new() };
+                    st.txs.insert(tx, t);
+                    v
+                }
+                None => Vec::new(),
+            }
+        };
+        if let Err(e) = sync_data_files(&unsynced) {
+            let mut st = self.lock();
+            if let Some(t) = st.txs.remove(&tx) {
+                st.discard_tx(&t);
+                st.stats.aborts += 1;
+                st.stats.live_txs = st.txs.len() as u64;
+            }
+            return Err(e);
+        }
         let (pos, changed) = {
             let mut st = self.lock();
             let t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
@@ -1352,7 +1502,7 @@ impl Engine {
 
     fn maybe_checkpoint(&self) {
         if self.bg.lock().is_none() {
-            let big = self.lock().journal.end > self.shared.opts.checkpoint_bytes;
+            let big = self.lock().uncheckpointed() > self.shared.opts.checkpoint_bytes;
             if big {
                 if let Err(e) = self.checkpoint() {
                     tracing::warn!("checkpoint failed: {e}");
@@ -1406,7 +1556,7 @@ fn background(sh: Arc<Shared>, iv: Duration) {
             }
             sh.flushes.fetch_add(1, Ordering::Relaxed);
         }
-        let big = sh.state.lock().journal.end > sh.opts.checkpoint_bytes;
+        let big = sh.state.lock().uncheckpointed() > sh.opts.checkpoint_bytes;
         if big {
             let _one = sh.ckpt_lock.lock();
             let target = *sh.sync.written.lock();
@@ -1446,6 +1596,14 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
         st.discard_tx(&tx);
         return Ok((*sync.written.lock(), Vec::new()));
     }
+    // Bytes written to data files since the caller synced them (or every
+    // byte, for a commit that did not go through commit_changes).
+    let unsynced = st.take_unsynced(&mut tx);
+    if let Err(e) = sync_data_files(&unsynced) {
+        st.discard_tx(&tx);
+        st.stats.aborts += 1;
+        return Err(e);
+    }
     let changed: Vec<ObjId> = tx.delta.objs.iter().filter(|(_, od)| od.file.is_some()).map(|(o, _)| *o).collect();
     let seq = Seq(st.seq.0 + 1);
     // Sizes before this commit, for stamping truncated pages.
@@ -1461,7 +1619,8 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
             }
         }
     }
-    let (meta, extents) = crate::recovery::encode(st, &tx.delta)?;
+    let (rec, extents) = crate::recovery::encode(st, &tx.delta)?;
+    let (meta, version) = rec.encode().map_err(|e| Error::Poisoned(format!("record encoding: {e}")))?;
     let data_len: u64 = extents.iter().map(|(_, _, l, _)| *l).sum();
     let durable_upto = {
         let s = sync.synced();
@@ -1488,7 +1647,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
             Ok(())
         };
         let mut j = placeholder_writer(st_ref);
-        let r = j.append(seq, durable_upto, &meta, data_len, &mut fill);
+        let r = j.append(seq, durable_upto, version, &meta, data_len, &mut fill);
         let end = j.end;
         st.journal.end = end;
         r
@@ -1501,6 +1660,14 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
             return Err(e);
         }
     };
+    // The data files the record names now belong to the committed state.
+    for id in rec.files.iter().map(|f| f.file).collect::<std::collections::BTreeSet<_>>() {
+        if let Some(df) = st.data_files.get_mut(&id) {
+            if df.owner.take().is_some() {
+                st.committed_data_bytes += df.len;
+            }
+        }
+    }
     // Point the delta's extents at the journal, then publish.
     let epoch = st.journal.epoch;
     let mut data_off = appended.data_start;

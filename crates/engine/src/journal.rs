@@ -12,7 +12,7 @@
 //! Then records, back to back, each:
 //! ```text
 //!   0  u32  magic 0x524A5854 ("TXJR")
-//!   4  u16  version (1)
+//!   4  u16  version (1, or 2 if data files follow the record: below)
 //!   6  u16  kind (1 = commit)
 //!   8  u64  seq            commit sequence number, +1 per record
 //!  16  u64  durable_upto   file offset known durable when this was written
@@ -25,6 +25,14 @@
 //! ```
 //! The header is written last, so a record whose write was torn anywhere
 //! fails its checksum.
+//!
+//! ## Data files (selective data journaling)
+//! A version-2 record's meta is the bincode `CommitRecord` followed by the
+//! bincode `Vec<FileRef>`: extents whose bytes are not in the record but in
+//! data files `.txfs/data/<16 hex digits>` (a large transaction's spilled
+//! data, a new file's staged content). Every data file a record names was
+//! `fdatasync`ed before the record was written, so a record that survives a
+//! crash finds its bytes. Records without data files stay version 1.
 //!
 //! ## Zeroed runway
 //! `fdatasync` after an append that grows the file must also commit the new
@@ -67,6 +75,8 @@ pub const FILE_HEADER_LEN: u64 = 32;
 pub const REC_MAGIC: u32 = 0x524A_5854;
 pub const REC_HEADER_LEN: u64 = 48;
 pub const REC_VERSION: u16 = 1;
+/// A record whose meta is followed by its [`FileRef`]s.
+pub const REC_VERSION_FILES: u16 = 2;
 pub const KIND_COMMIT: u16 = 1;
 /// Largest metadata part we accept when scanning (guards against garbage lengths).
 pub const MAX_META: u64 = 1 << 30;
@@ -127,6 +137,18 @@ pub struct RecNew {
     pub target: Option<Vec<u8>>,
 }
 
+/// Bytes of a file extent that live in a data file, not in the record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// Index into [`CommitRecord::objs`] (that object's `file` is `Some`).
+    pub obj: u32,
+    pub off: u64,
+    pub len: u64,
+    /// The data file `.txfs/data/<file as 16 hex digits>`, and where in it.
+    pub file: u64,
+    pub file_off: u64,
+}
+
 /// The metadata part of a commit record: a transaction's delta with
 /// objects named by [`ObjRef`].
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -134,6 +156,30 @@ pub struct CommitRecord {
     pub created: Vec<RecNew>,
     pub dirs: Vec<RecDir>,
     pub objs: Vec<RecObj>,
+    /// Encoded after the rest, in version-2 records only.
+    #[serde(skip)]
+    pub files: Vec<FileRef>,
+}
+
+impl CommitRecord {
+    /// The record's meta part and its version.
+    pub fn encode(&self) -> std::result::Result<(Vec<u8>, u16), bincode::Error> {
+        let mut meta = bincode::serialize(self)?;
+        if self.files.is_empty() {
+            return Ok((meta, REC_VERSION));
+        }
+        bincode::serialize_into(&mut meta, &self.files)?;
+        Ok((meta, REC_VERSION_FILES))
+    }
+
+    pub fn decode(meta: &[u8], version: u16) -> std::result::Result<CommitRecord, bincode::Error> {
+        let mut r = meta;
+        let mut rec: CommitRecord = bincode::deserialize_from(&mut r)?;
+        if version == REC_VERSION_FILES {
+            rec.files = bincode::deserialize_from(&mut r)?;
+        }
+        Ok(rec)
+    }
 }
 
 /// A position in the journal across epochs.
@@ -178,6 +224,7 @@ impl JournalWriter {
         &mut self,
         seq: Seq,
         durable_upto: u64,
+        version: u16,
         meta: &[u8],
         data_len: u64,
         data: &mut dyn FnMut(&mut DataSink<'_>) -> Result<()>,
@@ -187,7 +234,7 @@ impl JournalWriter {
         if rec_end - start <= RUNWAY_MAX_RECORD {
             self.extend_runway(rec_end);
         }
-        let res = self.append_inner(start, seq, durable_upto, meta, data_len, data);
+        let res = self.append_inner(start, seq, durable_upto, version, meta, data_len, data);
         if res.is_err() {
             // Best effort: a failed cut leaves garbage that fails its checksum.
             let _ = self.file.set_len(start);
@@ -216,18 +263,20 @@ impl JournalWriter {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn append_inner(
         &mut self,
         start: u64,
         seq: Seq,
         durable_upto: u64,
+        version: u16,
         meta: &[u8],
         data_len: u64,
         data: &mut dyn FnMut(&mut DataSink<'_>) -> Result<()>,
     ) -> Result<Appended> {
         let mut h = [0u8; REC_HEADER_LEN as usize];
         h[0..4].copy_from_slice(&REC_MAGIC.to_le_bytes());
-        h[4..6].copy_from_slice(&REC_VERSION.to_le_bytes());
+        h[4..6].copy_from_slice(&version.to_le_bytes());
         h[6..8].copy_from_slice(&KIND_COMMIT.to_le_bytes());
         h[8..16].copy_from_slice(&seq.0.to_le_bytes());
         h[16..24].copy_from_slice(&durable_upto.to_le_bytes());
@@ -409,6 +458,7 @@ pub struct Scan {
 }
 
 struct RawHeader {
+    version: u16,
     seq: u64,
     durable_upto: u64,
     meta_len: u64,
@@ -429,7 +479,7 @@ fn read_record(file: &dyn StoredFile, len: u64, at: u64) -> std::result::Result<
         return Err("bad record magic".into());
     }
     let version = u16::from_le_bytes([h[4], h[5]]);
-    if version != REC_VERSION {
+    if version != REC_VERSION && version != REC_VERSION_FILES {
         return Err(format!("unknown record version {version}"));
     }
     let meta_len = u32_at(24) as u64;
@@ -456,7 +506,7 @@ fn read_record(file: &dyn StoredFile, len: u64, at: u64) -> std::result::Result<
     if crc != u32_at(40) {
         return Err("record checksum mismatch".into());
     }
-    Ok((RawHeader { seq: u64_at(8), durable_upto: u64_at(16), meta_len, data_len, end }, meta))
+    Ok((RawHeader { version, seq: u64_at(8), durable_upto: u64_at(16), meta_len, data_len, end }, meta))
 }
 
 /// Whether every byte from `at` to `len` is zero.
@@ -513,7 +563,7 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
                         return Err(corrupt(at, format!("record seq {} where {} was expected", rh.seq, s)));
                     }
                 }
-                let record: CommitRecord = bincode::deserialize(&meta)
+                let record = CommitRecord::decode(&meta, rh.version)
                     .map_err(|e| corrupt(at, format!("undecodable record metadata: {e}")))?;
                 expect_seq = Some(rh.seq + 1);
                 let data_start = at + REC_HEADER_LEN + rh.meta_len;

@@ -2,12 +2,15 @@
 //! commit records back into the committed delta.
 //!
 //! ```text
-//!  1. create .txfs/{journal,stage,orphans,spill} if missing
+//!  1. create .txfs/{journal,stage,orphans,data} if missing
 //!  2. a plan file exists      -> execute it again (J5) and finish it
-//!  3. empty spill/ (private data: no trace); orphans/ is emptied after the
-//!     checkpoint of step 4, since the journal may still name its files
+//!  3. remove spill/ (older versions' private data: no trace); orphans/ is
+//!     emptied after the checkpoint of step 4, since the journal may still
+//!     name its files
 //!  4. exactly one journal file -> scan it (J3), cut a torn tail, and
 //!     compose every whole record into the committed delta
+//!  5. remove every data file no record names (private data of
+//!     transactions that never committed, or retired by a checkpoint)
 //! ```
 //! `Engine::open` then checkpoints, so after recovery the backing tree
 //! holds the committed state as plain files. Every step only reads, or
@@ -15,10 +18,11 @@
 
 use crate::checkpoint::{self, journal_path};
 use crate::delta::{AttrDelta, DataLoc, Delta, FileDelta, NewObj, SizeDelta};
+use crate::engine::{data_path, DataFile};
 use crate::engine::{BaseLoc, Node, Options, State, FIRST_FREE_OBJ, META_DIR, META_OBJ, ORPHANS_OBJ};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{Epoch, ObjId, Seq};
-use crate::journal::{self, CommitRecord, JournalWriter, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj};
+use crate::journal::{self, CommitRecord, FileRef, JournalWriter, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj};
 use crate::storage::{FileKind, Storage};
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -26,10 +30,11 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::Arc;
 
-/// Encodes a delta as a commit record; returns the record's metadata and
-/// the extents whose bytes form its data part, in order.
+/// Encodes a delta as a commit record; returns the record and the extents
+/// whose bytes form its data part, in order. Extents in data files are
+/// named by the record (`files`), not copied.
 #[allow(clippy::type_complexity)]
-pub(crate) fn encode(st: &State, d: &Delta) -> Result<(Vec<u8>, Vec<(ObjId, u64, u64, DataLoc)>)> {
+pub(crate) fn encode(st: &State, d: &Delta) -> Result<(CommitRecord, Vec<(ObjId, u64, u64, DataLoc)>)> {
     let r = |o: ObjId| -> Result<ObjRef> {
         let n = st.nodes.get(&o).ok_or(Error::Stale(o))?;
         if n.gone {
@@ -77,9 +82,14 @@ pub(crate) fn encode(st: &State, d: &Delta) -> Result<(Vec<u8>, Vec<(ObjId, u64,
             nlink: a.nlink,
             xattrs: a.xattrs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.clone())).collect(),
         };
+        let index = rec.objs.len() as u32;
         let file = od.file.as_ref().map(|f| {
             let mut ex = Vec::new();
             for (off, e) in f.ext.iter() {
+                if let DataLoc::File(file, file_off) = e.loc {
+                    rec.files.push(FileRef { obj: index, off, len: e.len, file, file_off });
+                    continue;
+                }
                 ex.push((off, e.len, data_off));
                 extents.push((*o, off, e.len, e.loc.clone()));
                 data_off += e.len;
@@ -93,8 +103,7 @@ pub(crate) fn encode(st: &State, d: &Delta) -> Result<(Vec<u8>, Vec<(ObjId, u64,
         rec.objs.push(RecObj { obj: r(*o)?, attr, file });
     }
     // Directory parents are implied by the entries that name them.
-    let meta = bincode::serialize(&rec).map_err(|e| Error::Poisoned(format!("record encoding: {e}")))?;
-    Ok((meta, extents))
+    Ok((rec, extents))
 }
 
 fn is_missing(e: &std::io::Error) -> bool {
@@ -150,7 +159,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     if made {
         s.fsync(Path::new("")).ctx("init", || "backing root".into())?;
     }
-    for sub in ["journal", "stage", "orphans", "spill"] {
+    for sub in ["journal", "stage", "orphans", "data"] {
         made |= ensure_dir(s, &meta.join(sub))?;
     }
     if made {
@@ -184,7 +193,11 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     }
     // 3. Private leftovers. (Orphans may still be named by the journal:
     // `Engine::open` clears them after its checkpoint.)
-    clear_dir(s, &meta.join("spill"))?;
+    let spill = meta.join("spill");
+    if s.lstat(&spill).is_ok() {
+        clear_dir(s, &spill)?;
+        s.rmdir(&spill).ctx("recovery cleanup", || spill.display().to_string())?;
+    }
     let stage = meta.join("stage");
     if !s.read_dir(&stage).ctx("recovery", || stage.display().to_string())?.is_empty() {
         return Err(Error::Corrupt {
@@ -256,11 +269,14 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         seq: scan.prev_seq,
         journal: JournalWriter { epoch, path: jp.clone(), file: jf.clone(), end: scan.valid_end },
         journal_files: HashMap::from([(epoch, jf.clone())]),
-        spills: HashMap::new(),
+        data_files: HashMap::new(),
+        next_data: 0,
+        committed_data_bytes: 0,
         poisoned: None,
         released_orphans: Vec::new(),
         stats: Default::default(),
         spill_threshold: opts.spill_threshold,
+        stage_threshold: opts.stage_threshold,
     };
     let dir = |parent: ObjId, name: &str| Node {
         kind: FileKind::Dir,
@@ -283,6 +299,20 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         st.committed.compose(&d);
         st.seq = r.seq;
     }
+    // 5. Data files nobody names. New ones are numbered past every name
+    // seen, so none can meet a leftover.
+    let ddir = meta.join("data");
+    for (n, _) in s.read_dir(&ddir).ctx("recovery", || ddir.display().to_string())? {
+        let id = parse_hex(&n, "", "");
+        if let Some(id) = id {
+            st.next_data = st.next_data.max(id + 1);
+        }
+        if id.is_none_or(|id| !st.data_files.contains_key(&id)) {
+            let p = ddir.join(&n);
+            s.unlink(&p).ctx("recovery cleanup", || p.display().to_string())?;
+        }
+    }
+    st.committed_data_bytes = st.data_files.values().map(|d| d.len).sum();
     tracing::info!(epoch = epoch.0, records = scan.records.len(), seq = st.seq.0, "journal loaded");
     Ok(st)
 }
@@ -354,7 +384,36 @@ fn decode(
             od.file = Some(fd);
         }
     }
+    for fr in &rec.files {
+        let ro = rec.objs.get(fr.obj as usize).filter(|ro| ro.file.is_some());
+        let ro =
+            ro.ok_or_else(|| Error::Poisoned(format!("data file reference to object #{} without content", fr.obj)))?;
+        let o = resolve(st, news, &ro.obj)?;
+        open_data_file(st, fr)?;
+        let fd = d.obj(o).file.as_mut().expect("checked above");
+        fd.ext.insert(fr.off, fr.len, DataLoc::File(fr.file, fr.file_off));
+    }
     Ok(d)
+}
+
+/// Opens the data file a record names (synced before the record was
+/// written: missing or short is damage).
+fn open_data_file(st: &mut State, fr: &FileRef) -> Result<()> {
+    let path = data_path(fr.file);
+    if !st.data_files.contains_key(&fr.file) {
+        let f = st.storage.open_file(&path, false).ctx("recovery", || path.display().to_string())?;
+        let len = f.len().ctx("recovery", || path.display().to_string())?;
+        st.data_files.insert(fr.file, DataFile { file: f, owner: None, len });
+    }
+    let len = st.data_files[&fr.file].len;
+    if fr.file_off + fr.len > len {
+        return Err(Error::Poisoned(format!(
+            "{} holds {len} bytes, the record names bytes up to {}",
+            path.display(),
+            fr.file_off + fr.len
+        )));
+    }
+    Ok(())
 }
 
 /// One journal file as `txfs check` found it.
@@ -432,6 +491,19 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
                         let refs = r.record.dirs.iter().flat_map(|d| {
                             std::iter::once(&d.dir).chain(d.entries.iter().filter_map(|(_, e)| e.as_ref()))
                         });
+                        for fr in &r.record.files {
+                            let dp = data_path(fr.file);
+                            let len = s.lstat(&dp).map(|m| m.size).unwrap_or(0);
+                            if len < fr.file_off + fr.len {
+                                rep.problems.push(format!(
+                                    "{} seq {}: names bytes up to {} of {}, which holds {len}",
+                                    jp.display(),
+                                    r.seq.0,
+                                    fr.file_off + fr.len,
+                                    dp.display()
+                                ));
+                            }
+                        }
                         for o in refs.chain(r.record.objs.iter().map(|o| &o.obj)) {
                             if let ObjRef::Base(p) = o {
                                 if !p.starts_with(b".txfs/") && s.lstat(Path::new(OsStr::from_bytes(p))).is_err() {

@@ -77,12 +77,15 @@ fn opts() -> Options {
     Options { flush_interval: None, ..Default::default() }
 }
 
-/// Options of a workload engine: some seeds spill early, some checkpoint
-/// automatically after small journals.
+/// Options of a workload engine: some seeds spill early, some stage new
+/// files' content in data files early, some checkpoint automatically after
+/// small journals.
 fn work_opts(seed: u64, auto_checkpoint: bool) -> Options {
     let mut o = opts();
-    if seed % 3 == 1 {
-        o.spill_threshold = 8 << 10;
+    match seed % 3 {
+        1 => o.spill_threshold = 8 << 10,
+        2 => o.stage_threshold = 2 << 10,
+        _ => {}
     }
     o.checkpoint_bytes = if auto_checkpoint && seed % 2 == 0 { 48 << 10 } else { u64::MAX };
     o
@@ -194,7 +197,7 @@ fn stray_meta(s: &dyn Storage) -> Vec<PathBuf> {
     let mut v = Vec::new();
     if let Ok(list) = s.read_dir(Path::new(META_DIR)) {
         for (n, _) in list {
-            if !["journal", "stage", "orphans", "spill"].iter().any(|k| n == OsStr::new(k)) {
+            if !["journal", "stage", "orphans", "data"].iter().any(|k| n == OsStr::new(k)) {
                 v.push(Path::new(META_DIR).join(n));
             }
         }

@@ -155,32 +155,81 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-/// Story: a transaction writes 24 MiB with a 256 KiB memory budget. The data
-/// goes to a spill file under .txfs/spill while the transaction runs, the
-/// commit streams it into the journal, and nothing is left behind.
+fn data_bytes(fs: &MemFs) -> u64 {
+    let dir = Path::new(META_DIR).join("data");
+    fs.read_dir(&dir).unwrap().iter().map(|(n, _)| fs.lstat(&dir.join(n)).unwrap().size).sum()
+}
+
+fn assert_all_chunks(fs: &MemFs, name: &str, chunk: &[u8], n: usize) {
+    let tree = dump_storage(fs);
+    let Node::File { data, .. } = &tree[Path::new(name)] else { panic!("{name} is not a file") };
+    assert_eq!(data.len(), n * chunk.len());
+    assert!(data.chunks(chunk.len()).all(|c| c == chunk), "{name}: wrong content");
+}
+
+/// Story: a transaction creates a 24 MiB file. Its content is staged in a
+/// data file of its own while the transaction runs (not in memory), the
+/// commit syncs that file and journals only a reference to it, and the
+/// checkpoint renames it into place: the bytes are written once. The
+/// engine is dropped without a checkpoint (a crash after the commit):
+/// recovery finds the data file through the record.
 #[test]
-fn a_big_transaction_spills_to_disk_and_commits() {
+fn a_big_new_file_is_written_once_not_journaled() {
     let fs = Arc::new(MemFs::new());
     let e = Engine::open(fs.clone(), opts(256 << 10)).unwrap();
+    let journal_before = e.stats().journal_bytes;
     let tx = e.begin();
     let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("big"), 0o644, 0, 0).unwrap().obj;
     let chunk = pattern(1 << 20, 7);
     for i in 0..24u64 {
         e.write(Some(tx), f, i << 20, &chunk).unwrap();
     }
-    let spill = Path::new(META_DIR).join("spill");
-    let spilled: u64 = fs.read_dir(&spill).unwrap().iter().map(|(n, _)| fs.lstat(&spill.join(n)).unwrap().size).sum();
-    assert!(spilled >= 23 << 20, "the data past the budget is on disk, not in memory: {spilled} bytes spilled");
+    assert_eq!(data_bytes(&fs), 24 << 20, "the new file's content is staged on disk");
     assert_eq!(e.read(Some(tx), f, (23 << 20) + 5, 3).unwrap(), chunk[5..8].to_vec());
     e.commit(tx, Durability::Durable).unwrap();
-    assert!(fs.read_dir(&spill).unwrap().is_empty(), "spill file removed after commit");
+    let journaled = e.stats().journal_bytes - journal_before;
+    assert!(journaled < 4096, "a staged file's bytes are not journaled: {journaled} journal bytes");
     assert_eq!(e.getattr(None, f).unwrap().size, 24 << 20);
     assert_eq!(e.read(None, f, (17 << 20) + 100, 50).unwrap(), chunk[100..150].to_vec());
+    drop(e);
+    let e = Engine::open(fs.clone(), opts(256 << 10)).unwrap();
+    assert_eq!(data_bytes(&fs), 0, "the checkpoint at open placed the data file");
     e.close().unwrap();
-    let tree = dump_storage(&*fs);
-    let Node::File { data, .. } = &tree[Path::new("big")] else { panic!("big is not a file") };
-    assert_eq!(data.len(), 24 << 20);
-    assert!(data.chunks(1 << 20).all(|c| c == chunk.as_slice()));
+    assert_all_chunks(&fs, "big", &chunk, 24);
+    assert!(leftovers(&*fs).is_empty());
+}
+
+/// Story: a transaction overwrites an existing 24 MiB file with a 256 KiB
+/// memory budget. The data past the budget goes to a spill data file, the
+/// commit names that file instead of copying it into the journal, and the
+/// checkpoint copies from it; after a crash, recovery does the same.
+#[test]
+fn a_big_overwrite_spills_to_a_data_file_and_checkpoints() {
+    let fs = Arc::new(MemFs::new());
+    let e = Engine::open(fs.clone(), opts(256 << 10)).unwrap();
+    let f = e.create(None, ObjId::ROOT, OsStr::new("big"), 0o644, 0, 0).unwrap().obj;
+    let old = pattern(1 << 20, 1);
+    for i in 0..24u64 {
+        e.write(None, f, i << 20, &old).unwrap();
+    }
+    e.checkpoint().unwrap();
+    let journal_before = e.stats().journal_bytes;
+    let tx = e.begin();
+    let chunk = pattern(1 << 20, 7);
+    for i in 0..24u64 {
+        e.write(Some(tx), f, i << 20, &chunk).unwrap();
+    }
+    assert!(data_bytes(&fs) >= 23 << 20, "the data past the budget is on disk: {} bytes", data_bytes(&fs));
+    assert_eq!(e.read(None, f, 5, 3).unwrap(), old[5..8].to_vec(), "isolated");
+    e.commit(tx, Durability::Durable).unwrap();
+    let journaled = e.stats().journal_bytes - journal_before;
+    assert!(journaled < (1 << 20), "only the in-memory part is journaled: {journaled} bytes");
+    assert_eq!(e.read(None, f, (17 << 20) + 100, 50).unwrap(), chunk[100..150].to_vec());
+    drop(e);
+    let e = Engine::open(fs.clone(), opts(256 << 10)).unwrap();
+    assert_eq!(data_bytes(&fs), 0, "the checkpoint at open retired the data file");
+    e.close().unwrap();
+    assert_all_chunks(&fs, "big", &chunk, 24);
     assert!(leftovers(&*fs).is_empty());
 }
 
@@ -192,7 +241,9 @@ fn a_big_transaction_spills_to_disk_and_commits() {
 fn a_commit_that_does_not_fit_fails_whole_with_enospc() {
     let left = Arc::new(AtomicU64::new(u64::MAX));
     let disk = Arc::new(SmallDisk { inner: MemFs::new(), left: left.clone() });
-    let e = Engine::open(disk.clone(), opts(64 << 20)).unwrap();
+    // Journaled, not staged: the record itself does not fit.
+    let journaled = || Options { stage_threshold: u64::MAX, ..opts(64 << 20) };
+    let e = Engine::open(disk.clone(), journaled()).unwrap();
     let keep = e.create(None, ObjId::ROOT, OsStr::new("keep"), 0o644, 0, 0).unwrap().obj;
     e.write(None, keep, 0, b"committed before").unwrap();
     e.sync().unwrap();
@@ -217,10 +268,34 @@ fn a_commit_that_does_not_fit_fails_whole_with_enospc() {
     e.commit(tx, Durability::Durable).unwrap();
     let after = dump_engine(&e, None);
     drop(e); // a crash: recovery must replay exactly the successful commits
-    let e = Engine::open(disk.clone(), opts(64 << 20)).unwrap();
+    let e = Engine::open(disk.clone(), journaled()).unwrap();
     assert_eq!(dump_engine(&e, None), after);
     assert_eq!(e.read(None, e.resolve(None, Path::new("keep")).unwrap(), 0, 9).unwrap(), b"COMMITTED");
     e.close().unwrap();
+}
+
+/// Story: the disk fills up while a transaction writes a big new file. The
+/// write into its staged data file fails with ENOSPC naming that file; the
+/// transaction aborts and leaves nothing, neither in the tree nor in
+/// `.txfs/data`.
+#[test]
+fn a_staged_write_that_does_not_fit_fails_with_enospc_and_aborts_clean() {
+    let left = Arc::new(AtomicU64::new(u64::MAX));
+    let disk = Arc::new(SmallDisk { inner: MemFs::new(), left: left.clone() });
+    let e = Engine::open(disk.clone(), opts(64 << 20)).unwrap();
+    let before = dump_engine(&e, None);
+    left.store(1 << 20, Ordering::SeqCst);
+    let tx = e.begin();
+    let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("huge"), 0o644, 0, 0).unwrap().obj;
+    let err = e.write(Some(tx), f, 0, &pattern(4 << 20, 1)).unwrap_err();
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert!(err.to_string().contains(".txfs/data/"), "the error says where: {err}");
+    e.abort(tx).unwrap();
+    assert_eq!(dump_engine(&e, None), before);
+    assert_eq!(data_bytes(&disk.inner), 0, "abort removes the data file");
+    left.store(u64::MAX, Ordering::SeqCst);
+    e.close().unwrap();
+    assert!(leftovers(&disk.inner).is_empty());
 }
 
 /// Story: the disk is too full for a checkpoint. The checkpoint is not

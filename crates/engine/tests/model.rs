@@ -1170,6 +1170,7 @@ fn xattrs_supported(s: &dyn Storage) -> bool {
 #[derive(Clone, Copy, Debug)]
 struct Knobs {
     spill_threshold: u64,
+    stage_threshold: u64,
     checkpoint_bytes: u64,
 }
 
@@ -1178,6 +1179,7 @@ fn open(s: Arc<dyn Storage>, k: Knobs) -> Engine {
     let opts = Options {
         flush_interval: None,
         spill_threshold: k.spill_threshold,
+        stage_threshold: k.stage_threshold,
         checkpoint_bytes: k.checkpoint_bytes,
         ..Default::default()
     };
@@ -1185,8 +1187,16 @@ fn open(s: Arc<dyn Storage>, k: Knobs) -> Engine {
 }
 
 fn knobs() -> impl Strategy<Value = Knobs> {
-    (prop_oneof![Just(64u64 << 20), Just(100u64)], prop_oneof![Just(256u64 << 20), Just(1500u64)])
-        .prop_map(|(spill_threshold, checkpoint_bytes)| Knobs { spill_threshold, checkpoint_bytes })
+    (
+        prop_oneof![Just(64u64 << 20), Just(100u64)],
+        prop_oneof![Just(256u64 << 10), Just(1u64), Just(300u64)],
+        prop_oneof![Just(256u64 << 20), Just(1500u64)],
+    )
+        .prop_map(|(spill_threshold, stage_threshold, checkpoint_bytes)| Knobs {
+            spill_threshold,
+            stage_threshold,
+            checkpoint_bytes,
+        })
 }
 
 // ===== scenario runner ======================================================

@@ -73,10 +73,18 @@ pub fn wrap(storage: Arc<dyn Storage>) -> Result<Wrapped, String> {
     Ok((Arc::new(FailFs { inner: storage, armed: armed.clone() }), Some(armed)))
 }
 
-/// `opts` with `TXFS_CHECKPOINT_BYTES` applied.
+/// `opts` with `TXFS_CHECKPOINT_BYTES`, `TXFS_STAGE_BYTES` and
+/// `TXFS_SPILL_BYTES` applied (tests and benchmarks tune the thresholds).
 pub fn tune(mut opts: Options) -> Options {
-    if let Some(n) = std::env::var("TXFS_CHECKPOINT_BYTES").ok().and_then(|v| v.trim().parse().ok()) {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse().ok());
+    if let Some(n) = env("TXFS_CHECKPOINT_BYTES") {
         opts.checkpoint_bytes = n;
+    }
+    if let Some(n) = env("TXFS_STAGE_BYTES") {
+        opts.stage_threshold = n;
+    }
+    if let Some(n) = env("TXFS_SPILL_BYTES") {
+        opts.spill_threshold = n;
     }
     opts
 }

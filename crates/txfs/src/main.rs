@@ -31,7 +31,8 @@ macro_rules! files_help {
         "Files (under BACKING/.txfs/, hidden from the mount):
   journal/EPOCH      the redo journal: committed transactions not yet checkpointed
   ckpt-EPOCH.plan    a checkpoint in progress (finished by the next mount or recover)
-  spill/             private data of large transactions (past 64 MiB)
+  data/              data files: large transactions' data (past 64 MiB) and new
+                     files' content (from 256 KiB), written once, not journaled
   lock               held by the daemon or by recover: one user at a time
   daemon.pid         the daemon's pid;  daemon.log  its log when started without -f"
     };

@@ -94,7 +94,7 @@ fn walk_storage(s: &dyn Storage, at: &Path, out: &mut Tree) {
 /// Leftovers in `.txfs/` that must be empty after a clean close or recovery.
 pub fn leftovers(s: &dyn Storage) -> Vec<PathBuf> {
     let mut v = Vec::new();
-    for sub in ["stage", "spill", "orphans"] {
+    for sub in ["stage", "data", "orphans"] {
         let p = Path::new(META_DIR).join(sub);
         if let Ok(list) = s.read_dir(&p) {
             for (n, _) in list {
