@@ -1094,7 +1094,7 @@ impl Engine {
                 match out {
                     Ok(v) => {
                         if !t.delta.is_empty() {
-                            commit_locked(&mut st, &self.shared.sync, t)?;
+                            commit_locked(&mut st, &self.shared.sync, t, Durability::Ordered)?;
                         }
                         Ok(v)
                     }
@@ -1124,7 +1124,8 @@ impl Engine {
             let mut st = self.lock();
             match st.txs.remove(&tx) {
                 Some(mut t) => {
-                    let v = if t.doomed.is_none() { st.take_unsynced(&mut t) } else { Vec::new() };
+                    let durable = durability == Durability::Durable;
+                    let v = if durable && t.doomed.is_none() { st.take_unsynced(&mut t) } else { Vec::new() };
                     st.txs.insert(tx, t);
                     v
                 }
@@ -1148,7 +1149,7 @@ impl Engine {
                 st.discard_tx(&t);
                 return Err(Error::Poisoned(p));
             }
-            let r = commit_locked(&mut st, &self.shared.sync, t);
+            let r = commit_locked(&mut st, &self.shared.sync, t, durability);
             if let Err(Error::Conflict { .. }) = &r {
                 st.stats.conflicts += 1;
                 st.stats.aborts += 1;
@@ -1582,7 +1583,11 @@ fn background(sh: Arc<Shared>, iv: Duration) {
 
 /// Validates, journals and publishes one transaction (I3, J2). Called with
 /// the lock held; returns the journal position to wait for if durable.
-fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, Vec<ObjId>)> {
+///
+/// A durable commit's record names the transaction's data files (synced
+/// first) instead of carrying their bytes; an ordered one copies them into
+/// the record, so it never waits for the disk.
+fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx, durability: Durability) -> Result<(JPos, Vec<ObjId>)> {
     if let Some(w) = tx.doomed.take() {
         st.discard_tx(&tx);
         return Err(Error::Conflict { tx: tx.id, what: w });
@@ -1596,13 +1601,16 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
         st.discard_tx(&tx);
         return Ok((*sync.written.lock(), Vec::new()));
     }
-    // Bytes written to data files since the caller synced them (or every
-    // byte, for a commit that did not go through commit_changes).
-    let unsynced = st.take_unsynced(&mut tx);
-    if let Err(e) = sync_data_files(&unsynced) {
-        st.discard_tx(&tx);
-        st.stats.aborts += 1;
-        return Err(e);
+    let name_files = durability == Durability::Durable;
+    if name_files {
+        // Bytes written to data files since the caller synced them (or
+        // every byte, for a commit that did not go through commit_changes).
+        let unsynced = st.take_unsynced(&mut tx);
+        if let Err(e) = sync_data_files(&unsynced) {
+            st.discard_tx(&tx);
+            st.stats.aborts += 1;
+            return Err(e);
+        }
     }
     let changed: Vec<ObjId> = tx.delta.objs.iter().filter(|(_, od)| od.file.is_some()).map(|(o, _)| *o).collect();
     let seq = Seq(st.seq.0 + 1);
@@ -1619,7 +1627,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
             }
         }
     }
-    let (rec, extents) = crate::recovery::encode(st, &tx.delta)?;
+    let (rec, extents) = crate::recovery::encode(st, &tx.delta, name_files)?;
     let (meta, version) = rec.encode().map_err(|e| Error::Poisoned(format!("record encoding: {e}")))?;
     let data_len: u64 = extents.iter().map(|(_, _, l, _)| *l).sum();
     let durable_upto = {
