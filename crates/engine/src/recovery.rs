@@ -31,15 +31,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Encodes a delta as a commit record; returns the record and the extents
-/// whose bytes form its data part, in order. With `name_files`, extents in
-/// data files are named by the record (`files`, synced by the caller)
-/// instead of copied.
+/// whose bytes form its data part, in order. Extents in data files are
+/// named by the record (`files`, synced by the caller), not copied.
 #[allow(clippy::type_complexity)]
-pub(crate) fn encode(
-    st: &State,
-    d: &Delta,
-    name_files: bool,
-) -> Result<(CommitRecord, Vec<(ObjId, u64, u64, DataLoc)>)> {
+pub(crate) fn encode(st: &State, d: &Delta) -> Result<(CommitRecord, Vec<(ObjId, u64, u64, DataLoc)>)> {
     let r = |o: ObjId| -> Result<ObjRef> {
         let n = st.nodes.get(&o).ok_or(Error::Stale(o))?;
         if n.gone {
@@ -91,8 +86,8 @@ pub(crate) fn encode(
         let file = od.file.as_ref().map(|f| {
             let mut ex = Vec::new();
             for (off, e) in f.ext.iter() {
-                if let (DataLoc::File(file, file_off), true) = (&e.loc, name_files) {
-                    rec.files.push(FileRef { obj: index, off, len: e.len, file: *file, file_off: *file_off });
+                if let DataLoc::File(file, file_off) = e.loc {
+                    rec.files.push(FileRef { obj: index, off, len: e.len, file, file_off });
                     continue;
                 }
                 ex.push((off, e.len, data_off));

@@ -176,7 +176,8 @@ fn assert_all_chunks(fs: &MemFs, name: &str, chunk: &[u8], n: usize) {
 #[test]
 fn a_big_new_file_is_written_once_not_journaled() {
     let fs = Arc::new(MemFs::new());
-    let e = Engine::open(fs.clone(), opts(256 << 10)).unwrap();
+    let staging = || Options { stage_threshold: 256 << 10, ..opts(256 << 10) };
+    let e = Engine::open(fs.clone(), staging()).unwrap();
     let journal_before = e.stats().journal_bytes;
     let tx = e.begin();
     let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("big"), 0o644, 0, 0).unwrap().obj;
@@ -192,7 +193,7 @@ fn a_big_new_file_is_written_once_not_journaled() {
     assert_eq!(e.getattr(None, f).unwrap().size, 24 << 20);
     assert_eq!(e.read(None, f, (17 << 20) + 100, 50).unwrap(), chunk[100..150].to_vec());
     drop(e);
-    let e = Engine::open(fs.clone(), opts(256 << 10)).unwrap();
+    let e = Engine::open(fs.clone(), staging()).unwrap();
     assert_eq!(data_bytes(&fs), 0, "the checkpoint at open placed the data file");
     e.close().unwrap();
     assert_all_chunks(&fs, "big", &chunk, 24);
@@ -282,7 +283,7 @@ fn a_commit_that_does_not_fit_fails_whole_with_enospc() {
 fn a_staged_write_that_does_not_fit_fails_with_enospc_and_aborts_clean() {
     let left = Arc::new(AtomicU64::new(u64::MAX));
     let disk = Arc::new(SmallDisk { inner: MemFs::new(), left: left.clone() });
-    let e = Engine::open(disk.clone(), opts(64 << 20)).unwrap();
+    let e = Engine::open(disk.clone(), Options { stage_threshold: 256 << 10, ..opts(64 << 20) }).unwrap();
     let before = dump_engine(&e, None);
     left.store(1 << 20, Ordering::SeqCst);
     let tx = e.begin();
