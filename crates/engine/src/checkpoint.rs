@@ -307,11 +307,9 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         }
         let staged = d.objs.get(o).and_then(|od| od.file.as_ref()).and_then(|f| f.staged_file());
         if let Some((id, size)) = staged {
-            let file_len = st.data_files.get(&id).map(|df| df.file.len());
-            if let Some(Ok(len)) = file_len {
-                if len == size {
-                    in_place.insert(**o, id);
-                }
+            // Its length is all of it: no other object's bytes are in it.
+            if st.data_files.get(&id).is_some_and(|df| df.len == size) {
+                in_place.insert(**o, id);
             }
         }
     }

@@ -233,11 +233,33 @@ pub(crate) struct State {
 
 /// A data file: a transaction's spilled bytes or a new file's staged content.
 pub(crate) struct DataFile {
-    pub file: Arc<dyn StoredFile>,
+    /// Open while a live transaction writes it. Committed data files are
+    /// read by path (the storage keeps a few read descriptors), so they do
+    /// not hold a descriptor each until the checkpoint.
+    pub file: Option<Arc<dyn StoredFile>>,
     /// The live transaction writing it; `None` once a commit names it.
     pub owner: Option<TxId>,
     /// Bytes written: a spill file's end, a staged file's size.
     pub len: u64,
+}
+
+impl DataFile {
+    fn writer(&self) -> Result<&Arc<dyn StoredFile>> {
+        self.file.as_ref().ok_or_else(|| Error::Poisoned("write to a committed data file".into()))
+    }
+}
+
+/// Reads exactly `out.len()` bytes of `path` at `off` through the storage.
+pub(crate) fn read_exact_at(s: &dyn Storage, path: &Path, mut off: u64, mut out: &mut [u8]) -> std::io::Result<()> {
+    while !out.is_empty() {
+        let n = s.read_at(path, off, out)?;
+        if n == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+        }
+        off += n as u64;
+        out = &mut out[n..];
+    }
+    Ok(())
 }
 
 pub(crate) fn data_path(id: u64) -> PathBuf {
@@ -391,8 +413,11 @@ impl State {
                 Ok(())
             }
             DataLoc::File(id, off) => {
-                let f = self.data_files.get(id).ok_or_else(|| std::io::Error::other("data file gone"))?;
-                journal::read_exact(&*f.file, *off, out)
+                let df = self.data_files.get(id).ok_or_else(|| std::io::Error::other("data file gone"))?;
+                match &df.file {
+                    Some(f) => journal::read_exact(&**f, *off, out),
+                    None => read_exact_at(&*self.storage, &data_path(*id), *off, out),
+                }
             }
             DataLoc::Journal(e, off) => {
                 let f = self.journal_files.get(e).ok_or_else(|| std::io::Error::other("journal file gone"))?;
@@ -848,7 +873,7 @@ impl State {
             let id = tx.staged[&o];
             let what = || data_path(id).display().to_string();
             let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
-            df.file.write_at(off, data).ctx("write", what)?;
+            df.writer()?.write_at(off, data).ctx("write", what)?;
             df.len = df.len.max(off + data.len() as u64);
             tx.data_dirty = true;
             tx.delta.obj(o).file = Some(FileDelta::staged(id, df.len));
@@ -874,7 +899,7 @@ impl State {
         let path = data_path(id);
         let f = self.storage.open_file(&path, true).ctx(what, || path.display().to_string())?;
         f.set_len(0).ctx(what, || path.display().to_string())?;
-        self.data_files.insert(id, DataFile { file: f, owner: Some(tx.id), len: 0 });
+        self.data_files.insert(id, DataFile { file: Some(f), owner: Some(tx.id), len: 0 });
         Ok(id)
     }
 
@@ -885,7 +910,7 @@ impl State {
         }
         let (id, end) = tx.spill.as_mut().expect("just set");
         let df = self.data_files.get_mut(id).ok_or_else(|| Error::Poisoned("spill file gone".into()))?;
-        df.file.write_at(*end, data).ctx("spill write", || data_path(*id).display().to_string())?;
+        df.writer()?.write_at(*end, data).ctx("spill write", || data_path(*id).display().to_string())?;
         let loc = DataLoc::File(*id, *end);
         *end += data.len() as u64;
         df.len = *end;
@@ -914,17 +939,21 @@ impl State {
             tx.delta.objs.get(&o).and_then(|od| od.file.as_ref()).map_or(Vec::new(), |f| f.ext.pieces(0, size));
         let mut buf = Vec::new();
         for (off, len, loc) in pieces {
+            if let DataLoc::Mem(..) = loc {
+                // Those bytes leave memory once the delta points here.
+                tx.mem_bytes = tx.mem_bytes.saturating_sub(len);
+            }
             let mut done = 0u64;
             while done < len {
                 let n = ((len - done) as usize).min(1 << 20);
                 buf.resize(n, 0);
                 self.fetch(&loc.advance(done), &mut buf).ctx("stage", what)?;
-                self.data_files[&id].file.write_at(off + done, &buf).ctx("stage", what)?;
+                self.data_files[&id].writer()?.write_at(off + done, &buf).ctx("stage", what)?;
                 done += n as u64;
             }
         }
         let df = self.data_files.get_mut(&id).expect("just made");
-        df.file.set_len(size).ctx("stage", what)?;
+        df.writer()?.set_len(size).ctx("stage", what)?;
         df.len = size;
         tx.staged.insert(o, id);
         tx.data_dirty = true;
@@ -943,7 +972,7 @@ impl State {
         }
         if let Some(&id) = tx.staged.get(&o) {
             let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
-            df.file.set_len(size).ctx("truncate", || data_path(id).display().to_string())?;
+            df.writer()?.set_len(size).ctx("truncate", || data_path(id).display().to_string())?;
             df.len = size;
             tx.data_dirty = true;
             tx.delta.obj(o).file = Some(FileDelta::staged(id, size));
@@ -989,7 +1018,7 @@ impl State {
             return Vec::new();
         }
         let ids = tx.spill.iter().map(|(id, _)| *id).chain(tx.staged.values().copied());
-        ids.filter_map(|id| self.data_files.get(&id).map(|d| (id, d.file.clone()))).collect()
+        ids.filter_map(|id| self.data_files.get(&id).and_then(|d| d.file.clone()).map(|f| (id, f))).collect()
     }
 }
 
@@ -1670,6 +1699,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
         if let Some(df) = st.data_files.get_mut(&id) {
             if df.owner.take().is_some() {
                 st.committed_data_bytes += df.len;
+                df.file = None;
             }
         }
     }

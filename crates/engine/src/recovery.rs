@@ -401,9 +401,8 @@ fn decode(
 fn open_data_file(st: &mut State, fr: &FileRef) -> Result<()> {
     let path = data_path(fr.file);
     if !st.data_files.contains_key(&fr.file) {
-        let f = st.storage.open_file(&path, false).ctx("recovery", || path.display().to_string())?;
-        let len = f.len().ctx("recovery", || path.display().to_string())?;
-        st.data_files.insert(fr.file, DataFile { file: f, owner: None, len });
+        let len = st.storage.lstat(&path).ctx("recovery", || path.display().to_string())?.size;
+        st.data_files.insert(fr.file, DataFile { file: None, owner: None, len });
     }
     let len = st.data_files[&fr.file].len;
     if fr.file_off + fr.len > len {

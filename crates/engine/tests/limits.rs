@@ -200,6 +200,40 @@ fn a_big_new_file_is_written_once_not_journaled() {
     assert!(leftovers(&*fs).is_empty());
 }
 
+/// Story: a staged new file is committed ordered, then a later commit
+/// overwrites its middle and truncates its tail before any checkpoint. The
+/// ordered commit names its synced data file too; the checkpoint cannot
+/// rename that file any more (it is not the content) and copies from it
+/// under the later changes. Reopening after a crash gives the same bytes.
+#[test]
+fn a_staged_file_changed_by_a_later_commit_is_copied_not_renamed() {
+    let fs = Arc::new(MemFs::new());
+    let staging = || Options { stage_threshold: 64 << 10, checkpoint_bytes: u64::MAX, ..opts(64 << 20) };
+    let e = Engine::open(fs.clone(), staging()).unwrap();
+    let tx = e.begin();
+    let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("f"), 0o640, 0, 0).unwrap().obj;
+    let mut want = pattern(300 << 10, 3);
+    e.write(Some(tx), f, 0, &want).unwrap();
+    e.commit(tx, Durability::Ordered).unwrap();
+    assert_eq!(data_bytes(&fs), 300 << 10, "an ordered commit keeps the staged file, named");
+    let tx = e.begin();
+    e.write(Some(tx), f, 100 << 10, b"middle").unwrap();
+    e.truncate(Some(tx), f, 200 << 10).unwrap();
+    e.commit(tx, Durability::Durable).unwrap();
+    want[(100 << 10)..(100 << 10) + 6].copy_from_slice(b"middle");
+    want.truncate(200 << 10);
+    assert_eq!(e.read(None, f, 0, 400 << 10).unwrap(), want);
+    drop(e);
+    let e = Engine::open(fs.clone(), staging()).unwrap();
+    let f = e.resolve(None, Path::new("f")).unwrap();
+    assert_eq!(e.read(None, f, 0, 400 << 10).unwrap(), want);
+    e.close().unwrap();
+    let tree = dump_storage(&*fs);
+    let Node::File { data, .. } = &tree[Path::new("f")] else { panic!("f is not a file") };
+    assert_eq!(data, &want);
+    assert!(leftovers(&*fs).is_empty());
+}
+
 /// Story: a transaction overwrites an existing 24 MiB file with a 256 KiB
 /// memory budget. The data past the budget goes to a spill data file, the
 /// commit names that file instead of copying it into the journal, and the
