@@ -34,9 +34,10 @@
 //! a directory's move survived a crash, the moves of everything inside it
 //! that phase 1 touched survived too.
 //!
-//! NB: the checkpoint holds the engine lock throughout (stop-the-world).
-//! Readers and committers wait for it; the threshold that triggers it
-//! bounds how long.
+//! Locking: plan, phase 1, marker and phase 2 run under the engine lock;
+//! phase 3 onwards runs outside it while the delta being written stays
+//! readable as `State::frozen` and new commits go to the next journal
+//! ([`run`], DESIGN §4).
 
 use crate::delta::NO_CUT;
 use crate::engine::{data_path, BaseLoc, State, META_DIR, ORPHANS_OBJ};
@@ -44,6 +45,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::{Epoch, ObjId, Seq};
 use crate::journal::{self, JournalWriter, SyncState};
 use crate::storage::{FileKind, Storage, StoredFile, Timestamp};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -146,6 +148,9 @@ struct NodeUpdates {
     changed_locs: HashSet<(ObjId, OsString)>,
     gone: Vec<ObjId>,
     new_inos: Vec<ObjId>,
+    /// New files placed by renaming their data file: the tree holds their
+    /// content once phase 2 ran.
+    in_place: Vec<ObjId>,
 }
 
 /// Computes the plan for the committed delta.
@@ -238,8 +243,13 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         attrs: Vec::new(),
         dead: Vec::new(),
     };
-    let mut upd =
-        NodeUpdates { moved: Vec::new(), gone: Vec::new(), new_inos: Vec::new(), changed_locs: HashSet::new() };
+    let mut upd = NodeUpdates {
+        moved: Vec::new(),
+        gone: Vec::new(),
+        new_inos: Vec::new(),
+        in_place: Vec::new(),
+        changed_locs: HashSet::new(),
+    };
     for (o, loc) in &keep_at {
         upd.moved.push((*o, loc.clone()));
     }
@@ -424,11 +434,24 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         }
     }
     upd.changed_locs = changed_locs;
+    upd.in_place = in_place.into_keys().collect();
     Ok((plan, upd))
 }
 
 /// Phase 1, marker, phases 2–4 (idempotent; `resume` after a crash).
 pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result<()> {
+    namespace(s, plan)?;
+    contents(s, plan, journal, None)?;
+    sync_stage_writes(s, plan)?;
+    delete_and_sync(s, plan)
+}
+
+fn in_stage(path: &[u8]) -> bool {
+    p(path).starts_with(Path::new(META_DIR).join("stage"))
+}
+
+/// Phase 1, the marker, phase 2: every name the plan changes.
+fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
     let marker = marker_path(plan.epoch);
     if !exists(s, &marker)? {
         for m in &plan.out {
@@ -497,12 +520,19 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
             }
         }
     }
+    Ok(())
+}
+
+/// Phase 3: contents and attributes; with `stage`, only those written
+/// through stage links (`Some(true)`) or only the others (`Some(false)`).
+/// Any order is fine: every op writes a final state.
+fn contents(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile, stage: Option<bool>) -> Result<()> {
+    let chosen = |path: &[u8]| stage.is_none_or(|want| in_stage(path) == want);
     // A staged object's stage link is gone once phase 4 ran: on replay
     // there is nothing left to write through it.
-    let gone_stage =
-        |path: &Path| -> Result<bool> { Ok(path.starts_with(Path::new(META_DIR).join("stage")) && !exists(s, path)?) };
+    let gone_stage = |path: &Path| -> Result<bool> { Ok(in_stage(path.as_os_str().as_bytes()) && !exists(s, path)?) };
     let mut buf = Vec::new();
-    for op in &plan.data {
+    for op in plan.data.iter().filter(|op| chosen(&op.path)) {
         let path = p(&op.path);
         if gone_stage(path)? {
             continue;
@@ -537,7 +567,7 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
         }
         s.set_len(path, op.size).ctx("checkpoint set size", what)?;
     }
-    for op in &plan.attrs {
+    for op in plan.attrs.iter().filter(|op| chosen(&op.path)) {
         let path = p(&op.path);
         if gone_stage(path)? {
             continue;
@@ -562,12 +592,20 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
             s.set_times(path, at.unwrap_or(m.atime), mt.unwrap_or(m.mtime)).ctx("checkpoint utimes", what)?;
         }
     }
-    // Contents written through a stage link must be durable before phase 4
-    // removes that link: replay cannot write through it again.
-    let stage = Path::new(META_DIR).join("stage");
-    if plan.data.iter().map(|d| &d.path).chain(plan.attrs.iter().map(|a| &a.path)).any(|x| p(x).starts_with(&stage)) {
+    Ok(())
+}
+
+/// Contents written through a stage link must be durable before phase 4
+/// removes that link: replay cannot write through it again.
+fn sync_stage_writes(s: &dyn Storage, plan: &Plan) -> Result<()> {
+    if plan.data.iter().map(|d| &d.path).chain(plan.attrs.iter().map(|a| &a.path)).any(|x| in_stage(x)) {
         s.sync_all().ctx("checkpoint sync", || "phase 3".into())?;
     }
+    Ok(())
+}
+
+/// Phase 4, then everything the plan wrote becomes durable.
+fn delete_and_sync(s: &dyn Storage, plan: &Plan) -> Result<()> {
     for dead in &plan.dead {
         remove_tree(s, p(dead))?;
     }
@@ -593,6 +631,13 @@ fn remove_tree(s: &dyn Storage, path: &Path) -> Result<()> {
 
 /// Creates the next epoch's journal, then retires the plan's epoch.
 pub fn finish(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoch)> {
+    let r = next_journal(s, plan)?;
+    retire(s, plan)?;
+    Ok(r)
+}
+
+/// Creates (or keeps, with its records) the next epoch's journal.
+fn next_journal(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoch)> {
     let next = Epoch(plan.epoch.0 + 1);
     let jp = journal_path(next);
     let f = s.open_file(&jp, true).ctx("journal create", || jp.display().to_string())?;
@@ -603,6 +648,11 @@ pub fn finish(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoc
     f.sync_data().ctx("journal create", || jp.display().to_string())?;
     let jdir = Path::new(META_DIR).join("journal");
     s.fsync(&jdir).ctx("journal create", || jdir.display().to_string())?;
+    Ok((f, next))
+}
+
+/// Removes the plan's journal, marker and plan: the checkpoint is over.
+fn retire(s: &dyn Storage, plan: &Plan) -> Result<()> {
     for old in [journal_path(plan.epoch), marker_path(plan.epoch), plan_path(plan.epoch)] {
         match s.unlink(&old) {
             Ok(()) => {}
@@ -612,7 +662,7 @@ pub fn finish(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoc
         let parent = old.parent().unwrap_or(Path::new(META_DIR)).to_path_buf();
         s.fsync(&parent).ctx("checkpoint cleanup", || parent.display().to_string())?;
     }
-    Ok((f, next))
+    Ok(())
 }
 
 /// Persists a plan: write a temp file, fsync, rename, fsync the folder.
@@ -653,26 +703,71 @@ pub fn load(s: &dyn Storage, path: &Path) -> Result<Plan> {
     bincode::deserialize(body).map_err(|_| corrupt("undecodable plan"))
 }
 
-/// Runs a checkpoint with the engine lock held.
-pub(crate) fn run(st: &mut State, sync: &SyncState) -> Result<()> {
-    if let Some(p) = &st.poisoned {
-        return Err(Error::Poisoned(p.clone()));
+/// Runs a checkpoint; the caller holds the checkpoint lock (one at a time)
+/// and not the engine lock. The plan, its namespace phases and the switch
+/// to the next journal run under the engine lock; the contents (phase 3),
+/// phase 4 and the final sync — the long part — run outside it, with the
+/// delta they write kept as [`State::frozen`] so that reads and commits go
+/// on meanwhile (DESIGN §4).
+pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
+    let (plan, journal, released) = {
+        let mut st = state.lock();
+        if let Some(p) = &st.poisoned {
+            return Err(Error::Poisoned(p.clone()));
+        }
+        if st.committed.is_empty() {
+            // No record in the current journal: nothing can name an orphan.
+            let released = std::mem::take(&mut st.released_orphans);
+            remove_released_orphans(&mut st, released);
+            return Ok(());
+        }
+        let mut started = false;
+        match start(&mut st, sync, &mut started) {
+            Ok(v) => v,
+            Err(e) => {
+                if started {
+                    // The backing tree may be half-way through the plan;
+                    // in-memory locations no longer match it. Recovery
+                    // finishes the plan.
+                    st.poisoned = Some(format!("checkpoint failed: {e}"));
+                }
+                return Err(e);
+            }
+        }
+    };
+    let storage = state.lock().storage.clone();
+    let res = contents(&*storage, &plan, &*journal, Some(false))
+        .and_then(|()| delete_and_sync(&*storage, &plan))
+        .and_then(|()| retire(&*storage, &plan));
+    let mut st = state.lock();
+    if let Err(e) = res {
+        st.poisoned = Some(format!("checkpoint failed: {e}"));
+        return Err(e);
     }
-    if st.committed.is_empty() {
-        // No record in the current journal: nothing can name an orphan.
-        remove_released_orphans(st);
-        return Ok(());
-    }
-    let mut started = false;
-    let res = run_inner(st, sync, &mut started);
-    if let Err(e) = &res {
-        if started {
-            // The backing tree may be half-way through the plan; in-memory
-            // locations no longer match it. Recovery finishes the plan.
-            st.poisoned = Some(format!("checkpoint failed: {e}"));
+    st.frozen = None;
+    st.journal_files.remove(&plan.epoch);
+    // The retired journal was the last thing naming the epoch's data files
+    // (those placed by rename are gone from data/ already). A crash before
+    // this leaves them to recovery, which removes what nothing names.
+    let retired: Vec<u64> = st
+        .data_files
+        .iter()
+        .filter(|(_, df)| df.owner.is_none() && df.epoch == plan.epoch)
+        .map(|(id, _)| *id)
+        .collect();
+    for id in retired {
+        st.data_files.remove(&id);
+        match storage.unlink(&data_path(id)) {
+            Ok(()) => {}
+            Err(e) if is_missing(&e) => {}
+            Err(e) => tracing::warn!("{}: {e} (removed at the next start)", data_path(id).display()),
         }
     }
-    res
+    st.stats.checkpoints += 1;
+    // Released orphans: the retired journal was the last thing naming them.
+    remove_released_orphans(&mut st, released);
+    tracing::debug!(epoch = plan.epoch.0 + 1, "checkpoint done");
+    Ok(())
 }
 
 /// What a plan may need on the backing file system at most: every data
@@ -686,7 +781,11 @@ fn space_needed(plan: &Plan) -> u64 {
     data + objects * 4096 + (1 << 20)
 }
 
-fn run_inner(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<()> {
+/// The part of a checkpoint under the engine lock: plan, phases 1–2, the
+/// contents written through stage links, the next journal; then the
+/// committed delta becomes `frozen` and commits go to the next journal.
+#[allow(clippy::type_complexity)]
+fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, Arc<dyn StoredFile>, Vec<ObjId>)> {
     let (plan, upd) = build(st)?;
     let storage = st.storage.clone();
     // Not enough room: fail before the backing tree changes, so nothing is
@@ -709,9 +808,13 @@ fn run_inner(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<()>
     *started = true;
     persist(&*storage, &plan)?;
     let jf = st.journal.file.clone();
-    execute(&*storage, &plan, &*jf)?;
-    let (file, next) = finish(&*storage, &plan)?;
-    // The backing tree now holds the committed state: update locations.
+    namespace(&*storage, &plan)?;
+    // A node forgotten below (a file linked under a name never looked up)
+    // would be read without `frozen`: its contents are written now.
+    contents(&*storage, &plan, &*jf, Some(true))?;
+    sync_stage_writes(&*storage, &plan)?;
+    let (file, next) = next_journal(&*storage, &plan)?;
+    // The backing tree now holds the plan's names: update locations.
     for o in upd.gone {
         if let Some(n) = st.nodes.get_mut(&o) {
             if let Some(k) = n.ino.take() {
@@ -745,36 +848,27 @@ fn run_inner(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<()>
             }
         }
     }
-    st.committed = Default::default();
-    // The retired journal was the last thing naming the committed data
-    // files (those placed by rename are gone from data/ already). A crash
-    // before this leaves them to recovery, which removes what nothing names.
-    let retired: Vec<u64> = st.data_files.iter().filter(|(_, df)| df.owner.is_none()).map(|(id, _)| *id).collect();
-    for id in retired {
-        st.data_files.remove(&id);
-        match storage.unlink(&data_path(id)) {
-            Ok(()) => {}
-            Err(e) if is_missing(&e) => {}
-            Err(e) => tracing::warn!("{}: {e} (removed at the next start)", data_path(id).display()),
+    let released = std::mem::take(&mut st.released_orphans);
+    let mut frozen = std::mem::take(&mut st.committed);
+    for o in &upd.in_place {
+        // Their data file is the tree's file now (renamed in phase 2).
+        if let Some(od) = frozen.objs.get_mut(o) {
+            od.file = None;
         }
     }
+    st.frozen = Some(frozen);
     st.committed_data_bytes = 0;
-    st.journal_files.remove(&plan.epoch);
     st.journal_files.insert(next, file.clone());
     st.journal =
         JournalWriter { epoch: next, path: journal_path(next), file: file.clone(), end: journal::FILE_HEADER_LEN };
     sync.rotate(next, file, journal::FILE_HEADER_LEN);
-    st.stats.checkpoints += 1;
-    // Released orphans: the retired journal was the last thing naming them.
-    remove_released_orphans(st);
-    tracing::debug!(epoch = next.0, "checkpoint done");
-    Ok(())
+    Ok((plan, jf, released))
 }
 
 /// Unlinks orphans whose last handle closed. Only when no journal record
 /// can name them any more (J1); a crash first leaves them to recovery.
-fn remove_released_orphans(st: &mut State) {
-    for o in std::mem::take(&mut st.released_orphans) {
+fn remove_released_orphans(st: &mut State, released: Vec<ObjId>) {
+    for o in released {
         if let Some(pth) = st.base_path(o) {
             let _ = st.storage.unlink(&pth);
         }

@@ -208,6 +208,12 @@ pub(crate) struct State {
     pub nodes: HashMap<ObjId, Node>,
     pub by_ino: HashMap<(u64, u64), ObjId>,
     pub committed: Delta,
+    /// The committed delta a running checkpoint is writing into the backing
+    /// tree, below `committed`. Its namespace is already in the tree (the
+    /// checkpoint's phases 1–2 ran under the lock); its file contents and
+    /// attributes are being written (phase 3, outside the lock), so reads
+    /// lay them over the tree until the checkpoint ends (DESIGN §4).
+    pub frozen: Option<Delta>,
     /// Directory parents changed by the committed delta (dirs only).
     pub txs: HashMap<TxId, Tx>,
     pub ver: Versions,
@@ -241,6 +247,9 @@ pub(crate) struct DataFile {
     pub owner: Option<TxId>,
     /// Bytes written: a spill file's end, a staged file's size.
     pub len: u64,
+    /// The journal epoch whose records name it (set by the commit): the
+    /// checkpoint of that epoch retires it.
+    pub epoch: Epoch,
 }
 
 impl DataFile {
@@ -535,6 +544,13 @@ impl State {
                 ctime: Timestamp::default(),
             },
         };
+        if let Some(od) = self.frozen.as_ref().and_then(|d| d.objs.get(&o)) {
+            // Link counts are in the tree already (namespace applied).
+            apply_attr(&mut a, &AttrDelta { nlink: 0, ..od.attr.clone() });
+            if let Some(f) = &od.file {
+                a.size = f.size_after(a.size);
+            }
+        }
         let layers = [Some(&self.committed), tx.map(|t| &t.delta)];
         for d in layers.into_iter().flatten() {
             if let Some(od) = d.objs.get(&o) {
@@ -580,7 +596,7 @@ impl State {
             buf[got..].fill(0);
         }
         let mut size = base_size;
-        let layers = [Some(&self.committed), tx.map(|t| &t.delta)];
+        let layers = [self.frozen.as_ref(), Some(&self.committed), tx.map(|t| &t.delta)];
         for d in layers.into_iter().flatten() {
             if let Some(f) = d.objs.get(&o).and_then(|od| od.file.as_ref()) {
                 size = f
@@ -899,7 +915,8 @@ impl State {
         let path = data_path(id);
         let f = self.storage.open_file(&path, true).ctx(what, || path.display().to_string())?;
         f.set_len(0).ctx(what, || path.display().to_string())?;
-        self.data_files.insert(id, DataFile { file: Some(f), owner: Some(tx.id), len: 0 });
+        let epoch = self.journal.epoch;
+        self.data_files.insert(id, DataFile { file: Some(f), owner: Some(tx.id), len: 0, epoch });
         Ok(id)
     }
 
@@ -987,7 +1004,7 @@ impl State {
     fn xattr(&mut self, tx: &mut Tx, o: ObjId, name: &OsStr) -> Result<Option<Vec<u8>>> {
         self.kind_in(Some(tx), o)?;
         self.read_meta(tx, o)?;
-        for d in [&tx.delta, &self.committed] {
+        for d in [Some(&tx.delta), Some(&self.committed), self.frozen.as_ref()].into_iter().flatten() {
             if let Some(v) = d.objs.get(&o).and_then(|od| od.attr.xattrs.get(name)) {
                 return Ok(v.clone());
             }
@@ -1417,7 +1434,7 @@ impl Engine {
                     names.insert(n, true);
                 }
             }
-            for d in [&st.committed, &t.delta] {
+            for d in [st.frozen.as_ref(), Some(&st.committed), Some(&t.delta)].into_iter().flatten() {
                 if let Some(od) = d.objs.get(&o) {
                     for (k, v) in &od.attr.xattrs {
                         names.insert(k.clone(), v.is_some());
@@ -1527,8 +1544,7 @@ impl Engine {
     pub fn checkpoint(&self) -> Result<()> {
         let _one = self.shared.ckpt_lock.lock();
         self.sync()?;
-        let mut st = self.lock();
-        checkpoint::run(&mut st, &self.shared.sync)
+        checkpoint::run(&self.shared.state, &self.shared.sync)
     }
 
     fn maybe_checkpoint(&self) {
@@ -1595,11 +1611,10 @@ fn background(sh: Arc<Shared>, iv: Duration) {
                 tracing::error!("journal flush before checkpoint failed: {e}");
                 continue;
             }
-            let mut st = sh.state.lock();
-            match checkpoint::run(&mut st, &sh.sync) {
+            match checkpoint::run(&sh.state, &sh.sync) {
                 Ok(()) => postponed = false,
                 // Not started (no room): retried every interval, said once.
-                Err(e) if st.poisoned.is_none() => {
+                Err(e) if sh.state.lock().poisoned.is_none() => {
                     if !postponed {
                         tracing::error!("background checkpoint postponed: {e}");
                     }
@@ -1700,6 +1715,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
             if df.owner.take().is_some() {
                 st.committed_data_bytes += df.len;
                 df.file = None;
+                df.epoch = st.journal.epoch;
             }
         }
     }

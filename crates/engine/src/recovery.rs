@@ -262,6 +262,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         nodes: HashMap::new(),
         by_ino: HashMap::new(),
         committed: Delta::default(),
+        frozen: None,
         txs: HashMap::new(),
         ver: Default::default(),
         next_obj: FIRST_FREE_OBJ,
@@ -402,7 +403,8 @@ fn open_data_file(st: &mut State, fr: &FileRef) -> Result<()> {
     let path = data_path(fr.file);
     if !st.data_files.contains_key(&fr.file) {
         let len = st.storage.lstat(&path).ctx("recovery", || path.display().to_string())?.size;
-        st.data_files.insert(fr.file, DataFile { file: None, owner: None, len });
+        let epoch = st.journal.epoch;
+        st.data_files.insert(fr.file, DataFile { file: None, owner: None, len, epoch });
     }
     let len = st.data_files[&fr.file].len;
     if fr.file_off + fr.len > len {
