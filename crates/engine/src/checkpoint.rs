@@ -710,7 +710,7 @@ pub fn load(s: &dyn Storage, path: &Path) -> Result<Plan> {
 /// delta they write kept as [`State::frozen`] so that reads and commits go
 /// on meanwhile (DESIGN §4).
 pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
-    let (plan, journal, released) = {
+    let (plan, journal, released, storage) = {
         let mut st = state.lock();
         if let Some(p) = &st.poisoned {
             return Err(Error::Poisoned(p.clone()));
@@ -723,7 +723,7 @@ pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
         }
         let mut started = false;
         match start(&mut st, sync, &mut started) {
-            Ok(v) => v,
+            Ok((plan, journal, released)) => (plan, journal, released, st.storage.clone()),
             Err(e) => {
                 if started {
                     // The backing tree may be half-way through the plan;
@@ -735,7 +735,6 @@ pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
             }
         }
     };
-    let storage = state.lock().storage.clone();
     let res = contents(&*storage, &plan, &*journal, Some(false))
         .and_then(|()| delete_and_sync(&*storage, &plan))
         .and_then(|()| retire(&*storage, &plan));

@@ -187,6 +187,11 @@ pub(crate) struct Tx {
 }
 
 impl Tx {
+    /// Its data files: the spill file and the staged files.
+    fn data_file_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.spill.iter().map(|(id, _)| *id).chain(self.staged.values().copied())
+    }
+
     fn new(id: TxId, start: Seq) -> Tx {
         Tx {
             id,
@@ -1019,24 +1024,23 @@ impl State {
     /// Removes the data files `tx` still owns (none of its bytes
     /// survive; a commit has already taken the ones its record names).
     fn discard_tx(&mut self, tx: &Tx) {
-        let ids = tx.spill.iter().map(|(id, _)| *id).chain(tx.staged.values().copied());
-        for id in ids {
+        for id in tx.data_file_ids() {
             if self.data_files.get(&id).is_some_and(|d| d.owner == Some(tx.id)) {
                 self.data_files.remove(&id);
                 let _ = self.storage.unlink(&data_path(id));
             }
         }
     }
+}
 
-    /// The data files of `tx` that hold bytes not yet synced, marking them
-    /// synced: the caller syncs them before the commit record is written.
-    fn take_unsynced(&self, tx: &mut Tx) -> Vec<(u64, Arc<dyn StoredFile>)> {
-        if !std::mem::take(&mut tx.data_dirty) {
-            return Vec::new();
-        }
-        let ids = tx.spill.iter().map(|(id, _)| *id).chain(tx.staged.values().copied());
-        ids.filter_map(|id| self.data_files.get(&id).and_then(|d| d.file.clone()).map(|f| (id, f))).collect()
+/// The data files of `tx` that hold bytes not yet synced, marking them
+/// synced: the caller syncs them before the commit record is written.
+fn take_unsynced(data_files: &HashMap<u64, DataFile>, tx: &mut Tx) -> Vec<(u64, Arc<dyn StoredFile>)> {
+    if !std::mem::take(&mut tx.data_dirty) {
+        return Vec::new();
     }
+    let files = tx.data_file_ids().filter_map(|id| data_files.get(&id).and_then(|d| d.file.clone()).map(|f| (id, f)));
+    files.collect()
 }
 
 fn sync_data_files(files: &[(u64, Arc<dyn StoredFile>)]) -> Result<()> {
@@ -1169,14 +1173,11 @@ impl Engine {
         // A write that lands after this marks the file dirty again and
         // commit_locked syncs it under the lock.
         let unsynced = {
-            let mut st = self.lock();
-            match st.txs.remove(&tx) {
-                Some(mut t) => {
-                    let v = if t.doomed.is_none() { st.take_unsynced(&mut t) } else { Vec::new() };
-                    st.txs.insert(tx, t);
-                    v
-                }
-                None => Vec::new(),
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            match st.txs.get_mut(&tx) {
+                Some(t) if t.doomed.is_none() => take_unsynced(&st.data_files, t),
+                _ => Vec::new(),
             }
         };
         if let Err(e) = sync_data_files(&unsynced) {
@@ -1647,7 +1648,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
     }
     // Bytes written to data files since the caller synced them (or every
     // byte, for a commit that did not go through commit_changes).
-    let unsynced = st.take_unsynced(&mut tx);
+    let unsynced = take_unsynced(&st.data_files, &mut tx);
     if let Err(e) = sync_data_files(&unsynced) {
         st.discard_tx(&tx);
         st.stats.aborts += 1;
