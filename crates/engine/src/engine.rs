@@ -913,6 +913,46 @@ impl State {
         Ok(())
     }
 
+    /// For a write that goes to `tx`'s spill file: reserves where its bytes
+    /// go and returns the file, so that the caller copies them without the
+    /// engine lock and then calls [`State::spilled`]. `None`: the write
+    /// takes the ordinary path (memory, a staged file, or an error).
+    #[allow(clippy::type_complexity)]
+    fn reserve_spill(
+        &mut self,
+        tx: &mut Tx,
+        o: ObjId,
+        off: u64,
+        len: u64,
+    ) -> Result<Option<(u64, u64, Arc<dyn StoredFile>)>> {
+        let ordinary = len == 0
+            || tx.mem_bytes + len <= self.spill_threshold
+            || tx.delta.created.contains_key(&o)
+            || off.checked_add(len).is_none_or(|e| e > i64::MAX as u64)
+            || self.kind_in(Some(tx), o)? != FileKind::File;
+        if ordinary {
+            return Ok(None);
+        }
+        if tx.spill.is_none() {
+            let id = self.new_data_file(tx, "spill")?;
+            tx.spill = Some((id, 0));
+        }
+        let (id, end) = tx.spill.as_mut().expect("just set");
+        let at = *end;
+        *end += len;
+        let df = self.data_files.get_mut(id).ok_or_else(|| Error::Poisoned("spill file gone".into()))?;
+        df.len = *end;
+        Ok(Some((*id, at, df.writer()?.clone())))
+    }
+
+    /// The bytes reserved by [`State::reserve_spill`] are written: they are
+    /// the transaction's content of `o` at `off`.
+    fn spilled(&mut self, tx: &mut Tx, o: ObjId, off: u64, len: u64, id: u64, at: u64) {
+        tx.data_dirty = true;
+        tx.delta.obj(o).file.get_or_insert_with(FileDelta::default).write(off, len, DataLoc::File(id, at));
+        Self::touch(tx, o, true);
+    }
+
     /// A new, empty data file owned by `tx`.
     fn new_data_file(&mut self, tx: &Tx, what: &'static str) -> Result<u64> {
         let id = self.next_data;
@@ -1312,7 +1352,24 @@ impl Engine {
     }
 
     pub fn write(&self, tx: Option<TxId>, o: ObjId, off: u64, data: &[u8]) -> Result<usize> {
-        self.run(tx, |st, t| st.write(t, o, off, data).map(|_| data.len()))
+        let len = data.len() as u64;
+        let reserved = self.run(tx, |st, t| match tx.is_some() {
+            true => match st.reserve_spill(t, o, off, len)? {
+                Some(r) => Ok(Some(r)),
+                None => st.write(t, o, off, data).map(|_| None),
+            },
+            false => st.write(t, o, off, data).map(|_| None),
+        })?;
+        // Spilled bytes are copied without the engine lock: concurrent
+        // transactions' big writes do not wait for one another's copies.
+        if let Some((id, at, file)) = reserved {
+            file.write_at(at, data).ctx("spill write", || data_path(id).display().to_string())?;
+            self.run(tx, |st, t| {
+                st.spilled(t, o, off, len, id, at);
+                Ok(())
+            })?;
+        }
+        Ok(data.len())
     }
 
     /// Appends at the end of the file as this transaction sees it; returns
