@@ -22,8 +22,8 @@ Each trial
      most a torn tail), mounts without failpoint (recovery), compares the
      whole tree seen through the mount with the model, unmounts
      (checkpoint) and compares BACKING itself (`.txfs/` aside), and checks
-     that `.txfs/` holds no leftovers (one journal; stage, spill, orphans
-     empty; no checkpoint plan).
+     that `.txfs/` holds no leftovers (one journal; stage, data, orphans
+     empty; no spill folder of older versions; no checkpoint plan).
 
 The model. Every transaction reads the counter file `ctr` ("v txid"),
 writes `v` back and appends "v txid" to `history`: transactions are
@@ -492,10 +492,12 @@ def expected_state(base: Dict[str, list], got: H.Tree, evs: List[dict], workers:
 def meta_leftovers(backing: str) -> List[str]:
     meta = os.path.join(backing, ".txfs")
     out = []
-    for d in ("stage", "spill", "orphans"):
+    for d in ("stage", "data", "orphans"):
         p = os.path.join(meta, d)
         if os.path.isdir(p) and os.listdir(p):
             out.append(f".txfs/{d} not empty: {os.listdir(p)[:5]}")
+    if os.path.exists(os.path.join(meta, "spill")):
+        out.append(".txfs/spill left behind (recovery removes it)")
     js = os.listdir(os.path.join(meta, "journal")) if os.path.isdir(os.path.join(meta, "journal")) else []
     if len(js) != 1:
         out.append(f".txfs/journal holds {js}")
@@ -531,8 +533,8 @@ def label_of(log: str, backing: str) -> Optional[str]:
         where = "stage"
     elif path.startswith(".txfs/orphans"):
         where = "orphans"
-    elif path.startswith(".txfs/spill"):
-        where = "spill"
+    elif path.startswith(".txfs/data"):
+        where = "data"
     elif path.startswith(".txfs"):
         where = ".txfs"
     elif path == "":
