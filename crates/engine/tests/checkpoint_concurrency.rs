@@ -9,14 +9,14 @@
 mod common;
 
 use common::{dump_engine, dump_storage, leftovers, Tree};
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-use txfs_engine::storage::{CrashFs, CrashPlan, FileKind, MemFs, Meta, Storage, StoredFile, Timestamp};
+use txfs_engine::storage::{CrashFs, CrashPlan, MemFs, Storage};
 use txfs_engine::{Durability, Engine, ObjId, Options, META_DIR};
 
 /// A storage that, once armed, stops the first write to a user file (only
@@ -54,15 +54,7 @@ impl Gate {
 }
 
 impl Storage for Gate {
-    fn lstat(&self, p: &Path) -> io::Result<Meta> {
-        self.inner.lstat(p)
-    }
-    fn read_dir(&self, p: &Path) -> io::Result<Vec<(OsString, FileKind)>> {
-        self.inner.read_dir(p)
-    }
-    fn read_at(&self, p: &Path, off: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.inner.read_at(p, off, buf)
-    }
+    common::pass_through!(inner: lstat, read_dir, read_at, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
     fn write_at(&self, p: &Path, off: u64, data: &[u8]) -> io::Result<()> {
         self.hold(p);
         self.inner.write_at(p, off, data)
@@ -70,60 +62,6 @@ impl Storage for Gate {
     fn set_len(&self, p: &Path, len: u64) -> io::Result<()> {
         self.hold(p);
         self.inner.set_len(p, len)
-    }
-    fn create_file(&self, p: &Path, mode: u32) -> io::Result<()> {
-        self.inner.create_file(p, mode)
-    }
-    fn mkdir(&self, p: &Path, mode: u32) -> io::Result<()> {
-        self.inner.mkdir(p, mode)
-    }
-    fn symlink(&self, t: &OsStr, p: &Path) -> io::Result<()> {
-        self.inner.symlink(t, p)
-    }
-    fn readlink(&self, p: &Path) -> io::Result<OsString> {
-        self.inner.readlink(p)
-    }
-    fn rename(&self, a: &Path, b: &Path) -> io::Result<()> {
-        self.inner.rename(a, b)
-    }
-    fn link(&self, a: &Path, b: &Path) -> io::Result<()> {
-        self.inner.link(a, b)
-    }
-    fn unlink(&self, p: &Path) -> io::Result<()> {
-        self.inner.unlink(p)
-    }
-    fn rmdir(&self, p: &Path) -> io::Result<()> {
-        self.inner.rmdir(p)
-    }
-    fn set_mode(&self, p: &Path, m: u32) -> io::Result<()> {
-        self.inner.set_mode(p, m)
-    }
-    fn set_owner(&self, p: &Path, u: u32, g: u32) -> io::Result<()> {
-        self.inner.set_owner(p, u, g)
-    }
-    fn set_times(&self, p: &Path, a: Timestamp, m: Timestamp) -> io::Result<()> {
-        self.inner.set_times(p, a, m)
-    }
-    fn get_xattr(&self, p: &Path, n: &OsStr) -> io::Result<Option<Vec<u8>>> {
-        self.inner.get_xattr(p, n)
-    }
-    fn list_xattrs(&self, p: &Path) -> io::Result<Vec<OsString>> {
-        self.inner.list_xattrs(p)
-    }
-    fn set_xattr(&self, p: &Path, n: &OsStr, v: &[u8]) -> io::Result<()> {
-        self.inner.set_xattr(p, n, v)
-    }
-    fn remove_xattr(&self, p: &Path, n: &OsStr) -> io::Result<()> {
-        self.inner.remove_xattr(p, n)
-    }
-    fn fsync(&self, p: &Path) -> io::Result<()> {
-        self.inner.fsync(p)
-    }
-    fn sync_all(&self) -> io::Result<()> {
-        self.inner.sync_all()
-    }
-    fn open_file(&self, p: &Path, create: bool) -> io::Result<Arc<dyn StoredFile>> {
-        self.inner.open_file(p, create)
     }
 }
 

@@ -131,3 +131,94 @@ pub fn journal_records(s: &dyn Storage) -> (PathBuf, Vec<(u64, u64)>, u64) {
     }
     (path, v, at)
 }
+
+/// Implements the listed [`Storage`] methods of a wrapper by passing them
+/// to its field `$inner` unchanged, so a test storage spells out only the
+/// methods it changes: `impl Storage for W { pass_through!(inner: lstat,
+/// read_dir, …); fn write_at(…) { … } }`.
+#[allow(unused_macros)]
+macro_rules! pass_through {
+    ($inner:ident: $($m:ident),* $(,)?) => { $( crate::common::pass_through!(@one $inner $m); )* };
+    (@one $i:ident lstat) => {
+        fn lstat(&self, p: &std::path::Path) -> std::io::Result<txfs_engine::storage::Meta> { self.$i.lstat(p) }
+    };
+    (@one $i:ident read_dir) => {
+        fn read_dir(&self, p: &std::path::Path) -> std::io::Result<Vec<(std::ffi::OsString, txfs_engine::storage::FileKind)>> {
+            self.$i.read_dir(p)
+        }
+    };
+    (@one $i:ident read_at) => {
+        fn read_at(&self, p: &std::path::Path, off: u64, buf: &mut [u8]) -> std::io::Result<usize> { self.$i.read_at(p, off, buf) }
+    };
+    (@one $i:ident write_at) => {
+        fn write_at(&self, p: &std::path::Path, off: u64, data: &[u8]) -> std::io::Result<()> { self.$i.write_at(p, off, data) }
+    };
+    (@one $i:ident set_len) => {
+        fn set_len(&self, p: &std::path::Path, len: u64) -> std::io::Result<()> { self.$i.set_len(p, len) }
+    };
+    (@one $i:ident create_file) => {
+        fn create_file(&self, p: &std::path::Path, mode: u32) -> std::io::Result<()> { self.$i.create_file(p, mode) }
+    };
+    (@one $i:ident mkdir) => {
+        fn mkdir(&self, p: &std::path::Path, mode: u32) -> std::io::Result<()> { self.$i.mkdir(p, mode) }
+    };
+    (@one $i:ident symlink) => {
+        fn symlink(&self, t: &std::ffi::OsStr, p: &std::path::Path) -> std::io::Result<()> { self.$i.symlink(t, p) }
+    };
+    (@one $i:ident readlink) => {
+        fn readlink(&self, p: &std::path::Path) -> std::io::Result<std::ffi::OsString> { self.$i.readlink(p) }
+    };
+    (@one $i:ident rename) => {
+        fn rename(&self, a: &std::path::Path, b: &std::path::Path) -> std::io::Result<()> { self.$i.rename(a, b) }
+    };
+    (@one $i:ident link) => {
+        fn link(&self, a: &std::path::Path, b: &std::path::Path) -> std::io::Result<()> { self.$i.link(a, b) }
+    };
+    (@one $i:ident unlink) => {
+        fn unlink(&self, p: &std::path::Path) -> std::io::Result<()> { self.$i.unlink(p) }
+    };
+    (@one $i:ident rmdir) => {
+        fn rmdir(&self, p: &std::path::Path) -> std::io::Result<()> { self.$i.rmdir(p) }
+    };
+    (@one $i:ident set_mode) => {
+        fn set_mode(&self, p: &std::path::Path, m: u32) -> std::io::Result<()> { self.$i.set_mode(p, m) }
+    };
+    (@one $i:ident set_owner) => {
+        fn set_owner(&self, p: &std::path::Path, u: u32, g: u32) -> std::io::Result<()> { self.$i.set_owner(p, u, g) }
+    };
+    (@one $i:ident set_times) => {
+        fn set_times(
+            &self,
+            p: &std::path::Path,
+            a: txfs_engine::storage::Timestamp,
+            m: txfs_engine::storage::Timestamp,
+        ) -> std::io::Result<()> {
+            self.$i.set_times(p, a, m)
+        }
+    };
+    (@one $i:ident get_xattr) => {
+        fn get_xattr(&self, p: &std::path::Path, n: &std::ffi::OsStr) -> std::io::Result<Option<Vec<u8>>> { self.$i.get_xattr(p, n) }
+    };
+    (@one $i:ident list_xattrs) => {
+        fn list_xattrs(&self, p: &std::path::Path) -> std::io::Result<Vec<std::ffi::OsString>> { self.$i.list_xattrs(p) }
+    };
+    (@one $i:ident set_xattr) => {
+        fn set_xattr(&self, p: &std::path::Path, n: &std::ffi::OsStr, v: &[u8]) -> std::io::Result<()> { self.$i.set_xattr(p, n, v) }
+    };
+    (@one $i:ident remove_xattr) => {
+        fn remove_xattr(&self, p: &std::path::Path, n: &std::ffi::OsStr) -> std::io::Result<()> { self.$i.remove_xattr(p, n) }
+    };
+    (@one $i:ident fsync) => {
+        fn fsync(&self, p: &std::path::Path) -> std::io::Result<()> { self.$i.fsync(p) }
+    };
+    (@one $i:ident sync_all) => {
+        fn sync_all(&self) -> std::io::Result<()> { self.$i.sync_all() }
+    };
+    (@one $i:ident open_file) => {
+        fn open_file(&self, p: &std::path::Path, create: bool) -> std::io::Result<std::sync::Arc<dyn txfs_engine::storage::StoredFile>> {
+            self.$i.open_file(p, create)
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use pass_through;
