@@ -198,6 +198,11 @@ class FuseTrace:
 
     def __init__(self, point: str, tag: str) -> None:
         self.dir = f"/sys/kernel/tracing/instances/{tag}"
+        if not os.path.isdir("/sys/kernel/tracing/instances"):
+            # tracefs is not mounted on a fresh machine (it was not in the
+            # 2026-11-23 run): mount it, as root may.
+            subprocess.run(["mount", "-t", "tracefs", "nodev", "/sys/kernel/tracing"], check=False,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         st = os.stat(point)
         os.makedirs(self.dir, exist_ok=True)
         self.w("buffer_size_kb", "65536")

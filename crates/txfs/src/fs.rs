@@ -46,8 +46,8 @@ use crate::ioctl;
 use crate::txmap::{self, TxMap};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig,
-    LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -703,6 +703,35 @@ impl TxFs {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The listing behind directory handle `fh` (taken at its first read,
+    /// so offsets stay stable), and whose view it is.
+    fn dir_listing(&self, ino: INodeNo, fh: FileHandle) -> Result<(Option<TxId>, Arc<Vec<DirEntry>>), Errno> {
+        let Some((tx, list)) = self.dirs.lock().get(&fh.0).cloned() else { return Err(Errno::EBADF) };
+        if let Some(list) = list {
+            return Ok((tx, list));
+        }
+        let list = Arc::new(self.engine.readdir(tx, self.obj(ino)).map_err(|e| errno(&e))?);
+        if let Some(d) = self.dirs.lock().get_mut(&fh.0) {
+            d.1 = Some(list.clone());
+        }
+        Ok((tx, list))
+    }
+
+    /// The object and O_APPEND of handle `fh` — or, in a view, of a file
+    /// its kernel opened without asking (handle 0; `flags` are the open
+    /// flags the request carries). Such a file is not counted as open, and
+    /// need not be: while the view's transaction lives, its own removals
+    /// keep the object until it commits, and a file it looked up that
+    /// anybody else removes (the name is in its read set) dooms it: it
+    /// loses at its next read or at commit, and `txfs run` retries; once it
+    /// has ended, its view's requests fail anyway.
+    fn handle_of(&self, ino: INodeNo, fh: FileHandle, flags: i32) -> Option<(ObjId, bool)> {
+        if let Some(h) = self.handles.lock().get(&fh.0) {
+            return Some((h.obj, h.append));
+        }
+        (self.view.is_some() && fh.0 == 0).then(|| (self.obj(ino), flags & libc::O_APPEND != 0))
+    }
+
     /// Opens a handle (always direct I/O: see the module docs).
     fn open_handle(&self, o: ObjId, tx: Option<TxId>, flags: i32) -> Result<(u64, FopenFlags), Error> {
         self.engine.open_obj(o)?;
@@ -889,6 +918,15 @@ impl Filesystem for TxFs {
         if config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err() {
             tracing::warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: shared mappings will fail with ENODEV");
         }
+        // A view always lists with attributes (`readdirplus`; not the
+        // adaptive mode, which asks for them only at offset 0 and after a
+        // lookup, while git lists a whole directory before it stats it).
+        if self.view.is_some() {
+            let plus = fuser::InitFlags::FUSE_DO_READDIRPLUS;
+            if config.add_capabilities(plus).is_err() {
+                tracing::debug!("kernel lacks READDIRPLUS: a view looks every listed name up");
+            }
+        }
         tracing::info!(backing = %self.backing.display(), "mounted");
         Ok(())
     }
@@ -991,6 +1029,10 @@ impl Filesystem for TxFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // Before changing: the new attributes may be cached only if the gate
+        // stayed open (in a view: always; git's utime of every object it
+        // finds again is otherwise followed by a GETATTR).
+        let ticket = self.gate.ticket();
         let tx = match fh {
             Some(fh) => self.tx_fh(req, fh),
             None => self.tx_at(req, ino),
@@ -1000,7 +1042,10 @@ impl Filesystem for TxFs {
             Ok(a) => {
                 self.view_saw(tx, Some(self.obj(ino)));
                 let inval = if size.is_some() { self.committed_now(tx, self.obj(ino)) } else { Vec::new() };
-                self.after(inval, move || reply.attr(&TTL, &FileAttr { ino, ..fattr(&a) }))
+                let gate = self.gate.clone();
+                self.after(inval, move || {
+                    gate.reply(tx, ino.0, ticket, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) }))
+                })
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -1132,6 +1177,12 @@ impl Filesystem for TxFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // A view's kernel opens files itself after this (no OPEN, RELEASE
+        // or handle: file handle 0, pages kept): two round trips less per
+        // open(2). What a handle did for it, `handle_of` does.
+        if self.view.is_some() {
+            return reply.error(Errno::ENOSYS);
+        }
         let tx = self.tx_at(req, ino);
         if flags.0 & libc::O_TRUNC != 0 {
             if let Err(e) = self.engine.truncate(tx, self.obj(ino), 0) {
@@ -1161,7 +1212,7 @@ impl Filesystem for TxFs {
         lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(o) = self.handles.lock().get(&fh.0).map(|h| h.obj) else {
+        let Some((o, _)) = self.handle_of(ino, fh, 0) else {
             return reply.error(Errno::EBADF);
         };
         // The kernel names a lock owner on direct reads only; a read without
@@ -1205,7 +1256,7 @@ impl Filesystem for TxFs {
         } else {
             self.tx_fh(req, fh)
         };
-        let Some((o, append)) = self.handles.lock().get(&fh.0).map(|h| (h.obj, h.append)) else {
+        let Some((o, append)) = self.handle_of(ino, fh, _flags.0) else {
             return reply.error(Errno::EBADF);
         };
         // O_APPEND appends at the end of the file as this transaction sees it.
@@ -1230,6 +1281,11 @@ impl Filesystem for TxFs {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // Nothing to do here (the kernel writes dirty pages back before it
+        // asks); a view's kernel stops asking.
+        if self.view.is_some() {
+            return reply.error(Errno::ENOSYS);
+        }
         reply.ok();
     }
 
@@ -1264,19 +1320,9 @@ impl Filesystem for TxFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let Some((tx, list)) = self.dirs.lock().get(&fh.0).cloned() else { return reply.error(Errno::EBADF) };
-        let list = match list {
-            Some(list) => list,
-            None => match self.engine.readdir(tx, self.obj(ino)) {
-                Ok(list) => {
-                    let list = Arc::new(list);
-                    if let Some(d) = self.dirs.lock().get_mut(&fh.0) {
-                        d.1 = Some(list.clone());
-                    }
-                    list
-                }
-                Err(e) => return reply.error(errno(&e)),
-            },
+        let (tx, list) = match self.dir_listing(ino, fh) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
         };
         let mut i = offset as usize;
         loop {
@@ -1285,6 +1331,51 @@ impl Filesystem for TxFs {
                 1 => reply.add(ino, 2, FileType::Directory, ".."),
                 _ => match list.get(i - 2) {
                     Some(e) => reply.add(INodeNo(self.node_id(tx, e.obj, e.kind)), i as u64 + 1, kind(e.kind), &e.name),
+                    None => break,
+                },
+            };
+            if full {
+                break;
+            }
+            i += 1;
+        }
+        reply.ok();
+    }
+
+    /// Asked for only by a transaction view's kernel (`init`): the listing
+    /// with each entry's attributes, which the view may cache — so a program
+    /// that lists a directory and then stats or opens every name in it (git
+    /// add, find, rsync) costs no LOOKUP per name. Each entry the kernel
+    /// links counts as a lookup of its node, like a LOOKUP reply.
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let (tx, list) = match self.dir_listing(ino, fh) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        let ticket = self.gate.ticket();
+        let here = match self.engine.getattr(tx, self.obj(ino)) {
+            Ok(a) => FileAttr { ino, ..fattr(&a) },
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let mut i = offset as usize;
+        loop {
+            // The kernel links no entry for "." and "..": their attributes
+            // are only filler.
+            let full = match i {
+                0 => reply.add(ino, 1, ".", &TTL, &here, Generation(0)),
+                1 => reply.add(ino, 2, "..", &TTL, &here, Generation(0)),
+                _ => match list.get(i - 2) {
+                    // Gone since the listing was taken: a plain entry
+                    // (node id 0), which the kernel looks up when asked.
+                    Some(e) => match self.engine.getattr(tx, e.obj) {
+                        Ok(a) => {
+                            let fa = self.entry_attr(tx, &a);
+                            self.gate.reply(tx, fa.ino.0, ticket, |ttl| {
+                                reply.add(fa.ino, i as u64 + 1, &e.name, ttl, &fa, Generation(0))
+                            })
+                        }
+                        Err(_) => reply.add(INodeNo(0), i as u64 + 1, &e.name, &TTL, &here, Generation(0)),
+                    },
                     None => break,
                 },
             };

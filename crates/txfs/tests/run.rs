@@ -291,3 +291,66 @@ fn a_view_sees_what_its_run_wrote_through_the_shared_mount() {
     assert_eq!(lines, ["4", "log", "8", "one", "two"], "what the view saw");
     assert_eq!(std::fs::read_to_string(m.path("log")).unwrap(), "one\ntwo\n");
 }
+
+/// A view's kernel opens files without asking the daemon (no OPEN or
+/// RELEASE per open(2)/close(2): file handle 0). Everything a handle did
+/// must still hold: a file the command removes stays readable through the
+/// descriptor it holds, O_APPEND appends, a write is read back through
+/// another descriptor and after reopening, `ls -l` of a directory listed
+/// with attributes shows what the command just changed — and the removed
+/// file is gone from the backing directory after the commit, not kept as an
+/// orphan.
+#[test]
+fn a_view_opens_files_without_handles_and_loses_nothing() {
+    let mut m = Mount::with_backing(|b| {
+        std::fs::write(b.join("keep"), "kept bytes").unwrap();
+        std::fs::create_dir(b.join("d")).unwrap();
+        for i in 0..300 {
+            std::fs::write(b.join(format!("d/f{i:03}")), format!("{i}")).unwrap();
+        }
+    });
+    let py = r#"
+import os, subprocess
+fd = os.open('keep', os.O_RDONLY)
+assert os.read(fd, 4) == b'kept'
+os.unlink('keep')
+assert not os.path.exists('keep')
+assert os.read(fd, 100) == b' bytes', 'read after unlink'
+os.close(fd)
+for part in (b'one ', b'two'):
+    a = os.open('log', os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(a, part)
+    os.close(a)
+w = os.open('d/f007', os.O_RDWR)
+r = os.open('d/f007', os.O_RDONLY)
+os.pwrite(w, b'SEVEN', 0)
+assert os.pread(r, 10, 0) == b'SEVEN', 'read through another descriptor'
+os.close(w); os.close(r)
+with open('d/f007', 'rb') as f: assert f.read() == b'SEVEN'
+with open('d/f008', 'r+b') as f: f.truncate(0)
+os.unlink('d/f009')
+ls = subprocess.run(['ls', '-l', 'd'], capture_output=True, text=True, check=True).stdout
+sizes = {l.split()[-1]: int(l.split()[4]) for l in ls.splitlines()[1:]}
+assert len(sizes) == 299 and 'f009' not in sizes, len(sizes)
+assert (sizes['f007'], sizes['f008'], sizes['f010']) == (5, 0, 2), sizes
+print('ok')
+"#;
+    let out = m.run_cmd(&[], &[python(), "-c", py]).output().unwrap();
+    let text = check_ok(&out, "python under txfs run");
+    assert_eq!(text.trim(), "ok");
+    assert!(m.log_text().contains("serving a transaction view"), "ran in a view");
+    assert!(!m.path("keep").exists());
+    assert_eq!(std::fs::read_to_string(m.path("log")).unwrap(), "one two");
+    assert_eq!(std::fs::read_to_string(m.path("d/f007")).unwrap(), "SEVEN");
+    assert_eq!(std::fs::read_to_string(m.path("d/f008")).unwrap(), "");
+    assert!(!m.path("d/f009").exists());
+    assert_eq!(names(&m.path("d")).len(), 299);
+    assert_eq!(m.live_txs(), 0);
+    // The removed file was closed when the transaction ended: no orphan
+    // keeps it.
+    m.umount_clean();
+    let orphans = m.backing().join(".txfs/orphans");
+    let left = std::fs::read_dir(&orphans).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(left, 0, "orphans left in {}", orphans.display());
+    assert!(!m.backing().join("keep").exists());
+}
