@@ -99,6 +99,11 @@ def connect(path: str, mode: str) -> sqlite3.Connection:
     if mode in ("delete", "truncate", "wal"):
         conn.execute(f"PRAGMA journal_mode={mode.upper()}")
         conn.execute("PRAGMA synchronous=FULL")
+    elif mode == "delete-64m":
+        # Rollback with the page cache the txfs VFS gives its connections.
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA cache_size=-65536")
     elif mode == "txfs":
         conn.execute("PRAGMA journal_mode=OFF")
         conn.execute("PRAGMA synchronous=OFF")
