@@ -84,6 +84,27 @@ struct txfs_ioc_state {
     uint32_t reserved;
 };
 
+/* TXFS_IOC_BEGIN_STATE: a begin answered with the calling thread's state
+ * after it, and how one of the thread's recent transactions of its own (one
+ * it began, not one it joined) ended. Daemons before 2026-11-24 answer
+ * ENOTTY. */
+struct txfs_ioc_begin_state {
+    uint64_t tx;             /* out: the transaction now */
+    uint32_t depth;          /* out: nesting depth now */
+    uint32_t last_committed; /* out: 1 if last_tx committed */
+    uint64_t last_tx;        /* in: the transaction to ask about, 0: the
+                                thread's last; out: it, 0 if not known */
+    uint64_t reserved;       /* 0 */
+};
+
+/* TXFS_IOC_COMMIT_IF: commit (leave one level) only if the calling thread's
+ * transaction is `tx`; ESTALE otherwise, changing nothing. */
+struct txfs_ioc_commit_if {
+    uint32_t flags; /* TXFS_COMMIT_ORDERED */
+    uint32_t reserved;
+    uint64_t tx;
+};
+
 #define TXFS_IOC_BEGIN _IOW(TXFS_IOC_MAGIC, 1, struct txfs_ioc_flags)
 #define TXFS_IOC_COMMIT _IOW(TXFS_IOC_MAGIC, 2, struct txfs_ioc_flags)
 #define TXFS_IOC_ABORT _IOW(TXFS_IOC_MAGIC, 3, struct txfs_ioc_flags)
@@ -91,6 +112,8 @@ struct txfs_ioc_state {
 #define TXFS_IOC_RUN _IOW(TXFS_IOC_MAGIC, 5, struct txfs_ioc_run)
 #define TXFS_IOC_STATUS _IOR(TXFS_IOC_MAGIC, 6, struct txfs_ioc_status)
 #define TXFS_IOC_STATE _IOR(TXFS_IOC_MAGIC, 7, struct txfs_ioc_state)
+#define TXFS_IOC_BEGIN_STATE _IOWR(TXFS_IOC_MAGIC, 8, struct txfs_ioc_begin_state)
+#define TXFS_IOC_COMMIT_IF _IOW(TXFS_IOC_MAGIC, 9, struct txfs_ioc_commit_if)
 
 #ifdef __cplusplus
 }

@@ -52,7 +52,15 @@
  *     counter is then no proof of freshness). So after such a commit the next
  *     cache check of the pager (its 16-byte read at offset 24 on taking the
  *     SHARED lock) is answered with a counter that differs from the one it
- *     holds: the pager drops its cache and re-reads.
+ *     holds: the pager drops its cache and re-reads — unless the daemon
+ *     says (TXFS_IOC_BEGIN_STATE, when the next level begins) that the
+ *     transaction is still the one that commit was in, or that it committed.
+ * V7  With daemons that have them (TXFS_IOC_BEGIN_STATE, TXFS_IOC_COMMIT_IF)
+ *     a level costs two ioctls, not four: the begin answers the state the
+ *     V3 bookkeeping needs, and leaving a level inside the application's
+ *     transaction commits only if that transaction is still the thread's
+ *     (ESTALE: it ended under us). Older daemons answer ENOTTY and the VFS
+ *     asks TXFS_IOC_STATE as before.
  * V6  Pages reach the daemon in runs, not one request each. The pager
  *     writes a transaction's dirty pages at its commit, sorted by page
  *     number; inside a level, writes that continue the previous one are
@@ -105,6 +113,8 @@ typedef struct TxfsFile {
     int doomed;            /* saw EDEADLK in the current level */
     int have_vers;         /* vers holds the change counter last seen (V4) */
     int stale_cache;       /* V5: SQLite's cache may hold an aborted commit */
+    uint64_t stale_tx;     /* V5: the transaction that commit was in (0: unknown) */
+    uint64_t level_tx;     /* the transaction of the current level (0: unknown) */
     unsigned char vers[16];
     char *run;              /* V6: gathered writes, run_len bytes at run_off */
     sqlite3_int64 run_off;
@@ -124,6 +134,9 @@ static __thread struct {
 } tls;
 
 static sqlite3_vfs *orig_vfs;
+/* V7: the daemon has TXFS_IOC_BEGIN_STATE and TXFS_IOC_COMMIT_IF (-1: not
+ * known yet, 0: no, 1: yes). */
+static int have_v7 = -1;
 static sqlite3_vfs txfs_vfs;
 
 static pid_t current_tid(void) { return (pid_t)syscall(SYS_gettid); }
@@ -170,22 +183,68 @@ static int level_valid(TxfsFile *f)
     return f->in_level && f->gen == tls.gen && f->tid == tls.tid;
 }
 
+/* V3 bookkeeping at a begin, given the transaction the thread was in
+ * before it (0: none). */
+static void note_prior(uint64_t prior)
+{
+    if (tls.levels > 0 && (tls.app ? prior != tls.app_tx : prior == 0))
+        tls_forget(); /* the transaction our levels lived in ended under us */
+    if (tls.levels == 0) {
+        tls.app = prior != 0;
+        tls.app_tx = prior;
+    }
+}
+
+/* V5 with V7: is SQLite's cache still exact after the nested commit made in
+ * transaction f->stale_tx? now_tx: the transaction after this begin;
+ * last_tx/last_ok: how f->stale_tx ended, if the daemon knows (last_tx 0:
+ * it does not, or it has not ended). */
+static void judge_stale(TxfsFile *f, uint64_t now_tx, uint64_t last_tx, int last_ok)
+{
+    if (!f->stale_tx)
+        return; /* unknown: stale_cache stays as V5 set it */
+    if (last_tx == f->stale_tx) {
+        f->stale_cache = !last_ok; /* it ended: committed, or not */
+        f->stale_tx = 0;
+    } else if (now_tx == f->stale_tx) {
+        f->stale_cache = 0; /* still inside it: the cache is its view */
+    } else {
+        f->stale_cache = 1; /* it ended, how is not known */
+        f->stale_tx = 0;
+    }
+}
+
 /* Begin this file's level (V3). */
 static int level_begin(TxfsFile *f)
 {
-    struct txfs_ioc_state st;
     tls_sync();
+    if (have_v7 != 0) {
+        struct txfs_ioc_begin_state bs;
+        memset(&bs, 0, sizeof bs);
+        bs.last_tx = f->stale_tx; /* how did it end? (0: nothing to ask) */
+        int e = ioc(f->fd, TXFS_IOC_BEGIN_STATE, &bs);
+        if (e == 0) {
+            have_v7 = 1;
+            note_prior(bs.depth > 1 ? bs.tx : 0);
+            judge_stale(f, bs.tx, bs.last_tx, bs.last_committed != 0);
+            f->level_tx = bs.tx;
+            goto begun;
+        }
+        if (e == TXFS_ECONFLICT)
+            return TXFS_SQLITE_CONFLICT;
+        if (e != ENOTTY && e != EINVAL && e != ENOSYS) {
+            sqlite3_log(SQLITE_IOERR_LOCK, "txfs: begin on %s: %s", f->path, strerror(e));
+            return SQLITE_IOERR_LOCK;
+        }
+        have_v7 = 0; /* an older daemon */
+    }
+    struct txfs_ioc_state st;
     int e = ioc_state(f->fd, &st);
     if (e) {
         sqlite3_log(SQLITE_IOERR_LOCK, "txfs: state ioctl on %s: %s", f->path, strerror(e));
         return SQLITE_IOERR_LOCK;
     }
-    if (tls.levels > 0 && (tls.app ? st.tx != tls.app_tx : st.tx == 0))
-        tls_forget(); /* the transaction our levels lived in ended under us */
-    if (tls.levels == 0) {
-        tls.app = st.tx != 0;
-        tls.app_tx = st.tx;
-    }
+    note_prior(st.tx);
     e = ioc_flags(f->fd, TXFS_IOC_BEGIN, 0);
     if (e) {
         if (e == TXFS_ECONFLICT)
@@ -193,6 +252,8 @@ static int level_begin(TxfsFile *f)
         sqlite3_log(SQLITE_IOERR_LOCK, "txfs: begin on %s: %s", f->path, strerror(e));
         return SQLITE_IOERR_LOCK;
     }
+    f->level_tx = 0;
+begun:
     tls.levels++;
     f->in_level = 1;
     f->gen = tls.gen;
@@ -219,23 +280,35 @@ static int level_end(TxfsFile *f, int commit)
         f->in_level = 0; /* its transaction ended under it */
         return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
     }
-    if (tls.app) {
+    if (tls.app && have_v7 != 1) {
         struct txfs_ioc_state st;
         if (ioc_state(f->fd, &st) != 0 || st.tx != tls.app_tx || st.depth == 0) {
             f->in_level = 0;
             tls_forget();
             return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
         }
-    } else if (commit && tls.levels > 1) {
+    } else if (!tls.app && commit && tls.levels > 1) {
         return SQLITE_BUSY; /* V3; xLock(EXCLUSIVE) normally caught it */
     }
     f->in_level = 0;
     tls.levels--;
     if (tls.app || tls.levels > 0) {
         /* Leave one level; the outermost one decides (nested commit). */
-        if (commit)
+        if (commit) {
             f->stale_cache = 1; /* V5 */
-        int e = ioc_flags(f->fd, TXFS_IOC_COMMIT, 0);
+            f->stale_tx = f->level_tx;
+        }
+        int e;
+        if (tls.app && have_v7 == 1) {
+            struct txfs_ioc_commit_if ci = {.flags = 0, .reserved = 0, .tx = tls.app_tx};
+            e = ioc(f->fd, TXFS_IOC_COMMIT_IF, &ci);
+            if (e == ESTALE) { /* V7: the application's transaction ended under us */
+                tls_forget();
+                return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
+            }
+        } else {
+            e = ioc_flags(f->fd, TXFS_IOC_COMMIT, 0);
+        }
         if (e == TXFS_ECONFLICT)
             return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
         if (e) {
@@ -399,6 +472,7 @@ static int txfs_read(sqlite3_file *pf, void *buf, int amt, sqlite3_int64 off)
     if (f->stale_cache && off == 24 && amt == 16 && f->lock == SQLITE_LOCK_SHARED) {
         /* V5: the pager's cache check; it holds the counter we last wrote. */
         f->stale_cache = 0;
+        f->stale_tx = 0;
         if (f->have_vers)
             memcpy(buf, f->vers, 16);
         ((unsigned char *)buf)[3] ^= 0xff;

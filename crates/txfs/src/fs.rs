@@ -756,28 +756,53 @@ impl TxFs {
         let tid = req.pid();
         let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
         match cmd {
-            ioctl::BEGIN if self.view.is_some() => {
-                // Nests into the view's transaction, whoever asks.
-                self.txs.join(tid, self.view.expect("a view"));
-                Ok((Vec::new(), Vec::new()))
+            ioctl::BEGIN | ioctl::BEGIN_STATE => {
+                // Before the begin: how the caller's transaction of its own
+                // that it asks about (0: its last) ended.
+                let ask = ioctl::u64_at(data, 16);
+                let last = self.txs.outcome(tid, (ask != 0).then_some(TxId(ask)));
+                if let Some(view) = self.view {
+                    // Nests into the view's transaction, whoever asks.
+                    self.txs.join(tid, view);
+                } else {
+                    let engine = &self.engine;
+                    let tx = self.gate.close_then(self.notifier.get(), || self.txs.begin(tid, || engine.begin()));
+                    tracing::debug!(tid, %tx, "begin");
+                }
+                if cmd == ioctl::BEGIN {
+                    return Ok((Vec::new(), Vec::new()));
+                }
+                // struct txfs_ioc_begin_state: tx, depth, last_committed, last_tx, reserved.
+                let mut out = vec![0u8; 32];
+                if let Some((tx, depth, _)) = self.txs.thread(tid) {
+                    out[0..8].copy_from_slice(&tx.0.to_le_bytes());
+                    out[8..12].copy_from_slice(&depth.to_le_bytes());
+                }
+                if let Some((tx, committed)) = last {
+                    out[12..16].copy_from_slice(&u32::from(committed).to_le_bytes());
+                    out[16..24].copy_from_slice(&tx.0.to_le_bytes());
+                }
+                Ok((out, Vec::new()))
             }
-            ioctl::BEGIN => {
-                let engine = &self.engine;
-                let tx = self.gate.close_then(self.notifier.get(), || self.txs.begin(tid, || engine.begin()));
-                tracing::debug!(tid, %tx, "begin");
-                Ok((Vec::new(), Vec::new()))
-            }
-            ioctl::COMMIT => {
+            ioctl::COMMIT | ioctl::COMMIT_IF => {
                 let flags = ioctl::u32_at(data, 0);
                 let durability =
                     if flags & ioctl::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
-                if self.txs.thread(tid).is_none() {
-                    return Err(Errno::from_i32(libc::EINVAL));
+                match self.txs.thread(tid) {
+                    None if cmd == ioctl::COMMIT_IF => return Err(Errno::from_i32(libc::ESTALE)),
+                    None => return Err(Errno::from_i32(libc::EINVAL)),
+                    // Not the transaction the caller's level lived in (it
+                    // ended, and another began): leave it alone.
+                    Some((tx, _, _)) if cmd == ioctl::COMMIT_IF && tx.0 != ioctl::u64_at(data, 8) => {
+                        return Err(Errno::from_i32(libc::ESTALE))
+                    }
+                    Some(_) => {}
                 }
                 match self.txs.end(tid) {
                     Some((tx, true)) => {
                         let (r, pages) =
                             end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, Some(durability));
+                        self.txs.ended(tid, tx, r.is_ok());
                         match r {
                             Ok(()) => Ok((Vec::new(), pages)),
                             Err(err) => {
@@ -791,9 +816,12 @@ impl TxFs {
                 }
             }
             ioctl::ABORT => match self.txs.drop_thread(tid) {
-                Some((tx, _owned)) => {
+                Some((tx, owned)) => {
                     // Inside a tree transaction an abort dooms the whole tree.
                     let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, None);
+                    if owned {
+                        self.txs.ended(tid, tx, false);
+                    }
                     Ok((Vec::new(), pages))
                 }
                 None => Err(Errno::from_i32(libc::EINVAL)),

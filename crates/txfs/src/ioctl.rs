@@ -12,6 +12,10 @@ const fn ior(nr: u32, size: u32) -> u32 {
     (2 << 30) | (size << 16) | (MAGIC << 8) | nr
 }
 
+const fn iowr(nr: u32, size: u32) -> u32 {
+    (3 << 30) | (size << 16) | (MAGIC << 8) | nr
+}
+
 pub const BEGIN: u32 = iow(1, 8);
 pub const COMMIT: u32 = iow(2, 8);
 pub const ABORT: u32 = iow(3, 8);
@@ -19,6 +23,13 @@ pub const SYNC: u32 = iow(4, 8);
 pub const RUN: u32 = iow(5, 16);
 pub const STATUS: u32 = ior(6, 64);
 pub const STATE: u32 = ior(7, 16);
+/// BEGIN, answered with the state after it and how a transaction of the
+/// caller's own ended: the one it names, or its last
+/// (`struct txfs_ioc_begin_state`, 32 bytes).
+pub const BEGIN_STATE: u32 = iowr(8, 32);
+/// COMMIT of one level, only if the caller's transaction is the one named
+/// (`struct txfs_ioc_commit_if`, 16 bytes); ESTALE otherwise.
+pub const COMMIT_IF: u32 = iow(9, 16);
 
 pub const COMMIT_ORDERED: u32 = 0x1;
 
@@ -33,6 +44,10 @@ pub fn u32_at(b: &[u8], i: usize) -> u32 {
     b.get(i..i + 4).map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes"))).unwrap_or(0)
 }
 
+pub fn u64_at(b: &[u8], i: usize) -> u64 {
+    b.get(i..i + 8).map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes"))).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,5 +59,7 @@ mod tests {
         assert_eq!(RUN, 0x4010_e705);
         assert_eq!(STATUS, 0x8040_e706);
         assert_eq!(STATE, 0x8010_e707);
+        assert_eq!(BEGIN_STATE, 0xc020_e708);
+        assert_eq!(COMMIT_IF, 0x4010_e709);
     }
 }

@@ -82,7 +82,16 @@ struct Inner {
     trees: HashMap<u32, TreeTx>,
     /// Tree membership by thread: (its start time, the tree's transaction).
     cache: HashMap<u32, (Option<u64>, Option<TxId>)>,
+    /// How each thread's last transactions of its own ended (oldest first):
+    /// (it, committed).
+    last: HashMap<u32, std::collections::VecDeque<(TxId, bool)>>,
 }
+
+/// Past this many threads remembered in `last`, it starts over (a thread
+/// that finds nothing there is told "unknown", which is always safe).
+const LAST_MAX: usize = 1 << 16;
+/// Outcomes remembered per thread.
+const LAST_PER_THREAD: usize = 64;
 
 impl TxMap {
     /// The transaction of thread `tid`, if any.
@@ -108,6 +117,30 @@ impl TxMap {
         let found = tree_of(&g.trees, tid);
         g.cache.insert(tid, (start, found));
         found
+    }
+
+    /// Records how `tid`'s own (outermost) transaction `tx` ended.
+    pub fn ended(&self, tid: u32, tx: TxId, committed: bool) {
+        let mut g = self.inner.lock();
+        if g.last.len() >= LAST_MAX && !g.last.contains_key(&tid) {
+            g.last.clear();
+        }
+        let q = g.last.entry(tid).or_default();
+        if q.len() == LAST_PER_THREAD {
+            q.pop_front();
+        }
+        q.push_back((tx, committed));
+    }
+
+    /// How `tid`'s transaction `tx` of its own ended (`None`: its last one),
+    /// if known.
+    pub fn outcome(&self, tid: u32, tx: Option<TxId>) -> Option<(TxId, bool)> {
+        let g = self.inner.lock();
+        let q = g.last.get(&tid)?;
+        match tx {
+            None => q.back().copied(),
+            Some(t) => q.iter().rev().find(|(x, _)| *x == t).copied(),
+        }
     }
 
     pub fn thread(&self, tid: u32) -> Option<(TxId, u32, bool)> {

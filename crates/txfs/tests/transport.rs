@@ -68,3 +68,69 @@ fn opening_the_root_for_commit_does_not_read_its_listing() {
     let _ = client_ioctl(m.mnt(), IOC_ABORT);
     assert_eq!(m.live_txs(), 0);
 }
+
+const IOC_BEGIN_STATE: u32 = 0xc020_e708;
+const IOC_COMMIT_IF: u32 = 0x4010_e709;
+
+/// `(tx, depth, last_committed, last_tx)` from TXFS_IOC_BEGIN_STATE.
+fn begin_state(m: &Mount) -> (u64, u32, u32, u64) {
+    begin_asking(m, 0)
+}
+
+/// The same, asking how transaction `ask` ended (0: the thread's last).
+fn begin_asking(m: &Mount, ask: u64) -> (u64, u32, u32, u64) {
+    let mut b = [0u8; 32];
+    b[16..24].copy_from_slice(&ask.to_le_bytes());
+    m.ioctl_buf(IOC_BEGIN_STATE, &mut b).expect("BEGIN_STATE");
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    (u64_at(0), u32_at(8), u32_at(12), u64_at(16))
+}
+
+fn commit_if(m: &Mount, tx: u64) -> std::io::Result<()> {
+    let mut b = [0u8; 16];
+    b[8..16].copy_from_slice(&tx.to_le_bytes());
+    m.ioctl_buf(IOC_COMMIT_IF, &mut b)
+}
+
+/// The SQLite VFS's two-ioctl levels (V7 in txfs_vfs.c): a begin answers
+/// the state after it and how the thread's previous own transaction ended;
+/// a conditional commit leaves a level only of the transaction named.
+#[test]
+fn begin_state_reports_the_level_and_the_last_outcome_and_commit_if_checks_the_transaction() {
+    let m = Mount::new();
+    let (t1, depth, _, last) = begin_state(&m);
+    assert!(t1 != 0 && depth == 1 && last == 0, "a first transaction: {t1} {depth} {last}");
+    let (t, depth, _, _) = begin_state(&m);
+    assert_eq!((t, depth), (t1, 2), "a nested begin names the same transaction");
+    assert_eq!(errno_of(commit_if(&m, t1 + 1000)), libc::ESTALE, "another transaction's level is left alone");
+    commit_if(&m, t1).expect("leaving our own level");
+    std::fs::write(m.path("f"), "x").unwrap();
+    commit_if(&m, t1).expect("the outermost commit");
+    assert!(m.path("f").exists());
+    let (t2, depth, ok, last) = begin_state(&m);
+    assert_eq!((depth, ok, last), (1, 1, t1), "t1 committed");
+    assert_ne!(t2, t1);
+    m.abort().unwrap();
+    let (t3, _, ok, last) = begin_state(&m);
+    assert_eq!((ok, last), (0, t2), "t2 was aborted");
+    m.commit().unwrap();
+    assert_eq!(errno_of(commit_if(&m, t3)), libc::ESTALE, "no transaction left: nothing to commit");
+    let (t4, _, ok, last) = begin_state(&m);
+    assert_eq!((ok, last), (1, t3), "t3 committed through the plain COMMIT");
+    m.abort().unwrap();
+    // Older outcomes, asked by name: t1 committed, t2 aborted; t4 is
+    // remembered as aborted; an unknown one, or a live one, is not known.
+    for (ask, want) in [(t1, (1, t1)), (t2, (0, t2)), (t4, (0, t4)), (t4 + 1000, (0, 0))] {
+        let (now, _, ok, last) = begin_asking(&m, ask);
+        assert_eq!((ok, last), want, "asking about {ask}");
+        let (_, _, ok, last) = begin_asking(&m, now);
+        assert_eq!((ok, last), (0, 0), "the live transaction has no outcome yet");
+        m.abort().unwrap();
+        m.abort().expect_err("both levels went with the first abort");
+    }
+}
+
+fn errno_of(r: std::io::Result<()>) -> i32 {
+    r.expect_err("must fail").raw_os_error().unwrap_or(0)
+}

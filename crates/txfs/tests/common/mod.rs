@@ -468,6 +468,19 @@ impl Mount {
         Ok(())
     }
 
+    /// Any ioctl of the wire protocol with an argument buffer (read and
+    /// written by the kernel per the number's direction bits and size).
+    pub fn ioctl_buf(&self, cmd: u32, buf: &mut [u8]) -> std::io::Result<()> {
+        assert_eq!(buf.len(), ((cmd >> 16) & 0x3fff) as usize, "the size the ioctl number encodes");
+        let f = self.ctl_file()?;
+        // SAFETY: the buffer is as large as the number says.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, buf.as_mut_ptr()) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Begins a transaction of the calling thread.
     pub fn begin(&self) -> std::io::Result<()> {
         self.ioctl(IOC_BEGIN, 0)
