@@ -61,6 +61,14 @@
  *     transaction commits only if that transaction is still the thread's
  *     (ESTALE: it ended under us). Older daemons answer ENOTTY and the VFS
  *     asks TXFS_IOC_STATE as before.
+ * V8  The pager asks whether `<db>-journal` and `<db>-wal` exist at every
+ *     transaction (hot journal, WAL), a lookup per path component each
+ *     inside a txfs transaction. No txfs connection creates them (V2), so
+ *     for a database opened while neither existed the VFS answers "absent"
+ *     itself for as long as it is open. One that had them at open (left by
+ *     another VFS) is asked about every time, as before (and a hot journal
+ *     fails to open, V2). Opening one database through this VFS and the
+ *     default one at the same time is not supported anyway (no locks).
  * V6  Pages reach the daemon in runs, not one request each. The pager
  *     writes a transaction's dirty pages at its commit, sorted by page
  *     number; inside a level, writes that continue the previous one are
@@ -80,6 +88,8 @@ SQLITE_EXTENSION_INIT1
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +126,7 @@ typedef struct TxfsFile {
     uint64_t stale_tx;     /* V5: the transaction that commit was in (0: unknown) */
     uint64_t level_tx;     /* the transaction of the current level (0: unknown) */
     unsigned char vers[16];
+    int no_sidecars;        /* V8: registered in `quiet` */
     char *run;              /* V6: gathered writes, run_len bytes at run_off */
     sqlite3_int64 run_off;
     int run_len;
@@ -134,6 +145,68 @@ static __thread struct {
 } tls;
 
 static sqlite3_vfs *orig_vfs;
+
+/* V8: open databases that had no -journal or -wal at open (a path, and how
+ * many connections hold it). */
+static struct quiet_db {
+    struct quiet_db *next;
+    int refs;
+    char path[];
+} *quiet;
+static pthread_mutex_t quiet_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int quiet_add(const char *path)
+{
+    pthread_mutex_lock(&quiet_lock);
+    struct quiet_db *q = quiet;
+    while (q && strcmp(q->path, path) != 0)
+        q = q->next;
+    if (!q && (q = malloc(sizeof *q + strlen(path) + 1))) {
+        strcpy(q->path, path);
+        q->refs = 0;
+        q->next = quiet;
+        quiet = q;
+    }
+    if (q)
+        q->refs++;
+    pthread_mutex_unlock(&quiet_lock);
+    return q != NULL;
+}
+
+static void quiet_drop(const char *path)
+{
+    pthread_mutex_lock(&quiet_lock);
+    for (struct quiet_db **pq = &quiet; *pq; pq = &(*pq)->next) {
+        if (strcmp((*pq)->path, path) == 0) {
+            if (--(*pq)->refs == 0) {
+                struct quiet_db *dead = *pq;
+                *pq = dead->next;
+                free(dead);
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&quiet_lock);
+}
+
+/* V8: is `name` the -journal or -wal of a database in `quiet`? */
+static int quiet_sidecar(const char *name)
+{
+    size_t n = strlen(name);
+    size_t cut = 0;
+    if (n > 8 && strcmp(name + n - 8, "-journal") == 0)
+        cut = 8;
+    else if (n > 4 && strcmp(name + n - 4, "-wal") == 0)
+        cut = 4;
+    if (!cut)
+        return 0;
+    int found = 0;
+    pthread_mutex_lock(&quiet_lock);
+    for (struct quiet_db *q = quiet; q && !found; q = q->next)
+        found = strlen(q->path) == n - cut && strncmp(q->path, name, n - cut) == 0;
+    pthread_mutex_unlock(&quiet_lock);
+    return found;
+}
 /* V7: the daemon has TXFS_IOC_BEGIN_STATE and TXFS_IOC_COMMIT_IF (-1: not
  * known yet, 0: no, 1: yes). */
 static int have_v7 = -1;
@@ -442,6 +515,9 @@ static int txfs_close(sqlite3_file *pf)
 {
     TxfsFile *f = (TxfsFile *)pf;
     drop_run(f); /* nothing committed it: the level ends in an abort */
+    if (f->no_sidecars)
+        quiet_drop(f->path);
+    f->no_sidecars = 0;
     if (f->in_level && level_valid(f))
         (void)level_end(f, 0);
     free(f->run);
@@ -758,6 +834,14 @@ static int txfs_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *pf, int f
     }
     f->fd = fd;
     f->path = name;
+    /* V8: no journal or WAL next to it now: none will appear. */
+    char side[4096];
+    int j = 1, w = 1;
+    if (snprintf(side, sizeof side, "%s-journal", name) < (int)sizeof side &&
+        orig_vfs->xAccess(orig_vfs, side, SQLITE_ACCESS_EXISTS, &j) == SQLITE_OK && !j &&
+        snprintf(side, sizeof side, "%s-wal", name) < (int)sizeof side &&
+        orig_vfs->xAccess(orig_vfs, side, SQLITE_ACCESS_EXISTS, &w) == SQLITE_OK && !w)
+        f->no_sidecars = quiet_add(name);
     const char *mode = sqlite3_uri_parameter(name, "txfs_commit");
     f->commit_flags = is_word(mode, "ordered") ? TXFS_COMMIT_ORDERED : 0;
     if (mode && !is_word(mode, "ordered") && !is_word(mode, "durable"))
@@ -777,6 +861,10 @@ static int txfs_delete(sqlite3_vfs *v, const char *name, int sync_dir)
 static int txfs_access(sqlite3_vfs *v, const char *name, int flags, int *res)
 {
     (void)v;
+    if (flags == SQLITE_ACCESS_EXISTS && quiet_sidecar(name)) {
+        *res = 0; /* V8 */
+        return SQLITE_OK;
+    }
     return orig_vfs->xAccess(orig_vfs, name, flags, res);
 }
 

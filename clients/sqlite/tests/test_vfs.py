@@ -409,3 +409,29 @@ def test_two_connections_with_warm_caches_see_each_others_commits(db: str) -> No
             writer.execute("UPDATE t SET v = ? WHERE k = ?", (step + 1, k))
         assert reader.execute("SELECT v FROM t WHERE k = ?", (k,)).fetchone() == (step + 1,), f"step {step}"
     assert b.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_a_hot_journal_left_by_another_vfs_is_not_ignored(db: str) -> None:
+    """V8: the VFS answers "no journal" itself only for databases that had
+    none when it opened them. One left with a hot rollback journal by the
+    default VFS (a writer killed mid-transaction) must still be refused, not
+    read as if the half-written pages were whole."""
+    script = (
+        "import os, sqlite3, sys\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('PRAGMA journal_mode=DELETE'); c.execute('PRAGMA cache_size=10')\n"
+        "c.execute('CREATE TABLE t(x)')\n"
+        "c.executemany('INSERT INTO t VALUES (?)', [(b'a' * 900,) for _ in range(2000)])\n"
+        "c.execute('BEGIN'); c.execute('UPDATE t SET x = ?', (b'b' * 900,))\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", script, db], check=True)
+    assert os.path.getsize(db + "-journal") > 0, "the killed writer left a hot journal"
+    with pytest.raises(sqlite3.DatabaseError):
+        connect(db).execute("SELECT count(*) FROM t WHERE x = ?", (b"a" * 900,)).fetchone()
+    # The default VFS rolls it back; then the txfs VFS opens it normally.
+    plain = sqlite3.connect(db)
+    assert plain.execute("SELECT count(*) FROM t WHERE x = ?", (b"a" * 900,)).fetchone() == (2000,)
+    plain.close()
+    assert not os.path.exists(db + "-journal")
+    assert connect(db).execute("SELECT count(*) FROM t").fetchone() == (2000,)
