@@ -105,6 +105,18 @@ struct txfs_ioc_commit_if {
     uint64_t tx;
 };
 
+/* TXFS_IOC_BATCH (struct txfs_ioc_flags, zeroed), issued on a descriptor of
+ * a regular file opened for writing, makes every later write(2)/pwrite(2)
+ * through that descriptor a *batch*: several writes to its file in one
+ * request. A batch is "TXFSBAT1", its whole length as a uint64_t, then
+ * records of {uint64_t offset; uint32_t length; uint32_t zero; bytes}, all
+ * little-endian; write it at offset 0 from a 4 KiB-aligned buffer of at most
+ * 1 MiB (a write the kernel splits is refused whole with EINVAL). Inside a
+ * transaction the records are the transaction's writes, in order. Daemons
+ * before 2026-11-24 answer ENOTTY. */
+#define TXFS_BATCH_MAGIC "TXFSBAT1"
+#define TXFS_BATCH_MAX (1u << 20)
+
 #define TXFS_IOC_BEGIN _IOW(TXFS_IOC_MAGIC, 1, struct txfs_ioc_flags)
 #define TXFS_IOC_COMMIT _IOW(TXFS_IOC_MAGIC, 2, struct txfs_ioc_flags)
 #define TXFS_IOC_ABORT _IOW(TXFS_IOC_MAGIC, 3, struct txfs_ioc_flags)
@@ -114,6 +126,7 @@ struct txfs_ioc_commit_if {
 #define TXFS_IOC_STATE _IOR(TXFS_IOC_MAGIC, 7, struct txfs_ioc_state)
 #define TXFS_IOC_BEGIN_STATE _IOWR(TXFS_IOC_MAGIC, 8, struct txfs_ioc_begin_state)
 #define TXFS_IOC_COMMIT_IF _IOW(TXFS_IOC_MAGIC, 9, struct txfs_ioc_commit_if)
+#define TXFS_IOC_BATCH _IOW(TXFS_IOC_MAGIC, 10, struct txfs_ioc_flags)
 
 #ifdef __cplusplus
 }

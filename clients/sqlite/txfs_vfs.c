@@ -61,6 +61,14 @@
  *     transaction commits only if that transaction is still the thread's
  *     (ESTALE: it ended under us). Older daemons answer ENOTTY and the VFS
  *     asks TXFS_IOC_STATE as before.
+ * V9  Runs that do not continue one another go out together too: the VFS
+ *     opens a second descriptor of the database and makes it a batch
+ *     descriptor (TXFS_IOC_BATCH); the gathered runs (up to WRITE_RUN bytes
+ *     with their headers) are one pwrite of a batch there, a single run a
+ *     plain pwrite on the database's own descriptor. A daemon without
+ *     batches (ENOTTY), a transaction view (no handles: EINVAL) or a batch
+ *     the kernel would split (EINVAL, nothing applied) turn batching off for
+ *     the file; the runs then go one pwrite each, as in V6.
  * V8  The pager asks whether `<db>-journal` and `<db>-wal` exist at every
  *     transaction (hot journal, WAL), a lookup per path component each
  *     inside a txfs transaction. No txfs connection creates them (V2), so
@@ -127,13 +135,23 @@ typedef struct TxfsFile {
     uint64_t level_tx;     /* the transaction of the current level (0: unknown) */
     unsigned char vers[16];
     int no_sidecars;        /* V8: registered in `quiet` */
-    char *run;              /* V6: gathered writes, run_len bytes at run_off */
-    sqlite3_int64 run_off;
-    int run_len;
+    int bfd;                /* V9: the batch descriptor, -1: none */
+    char *run;              /* V6/V9: a batch being gathered (WRITE_RUN bytes, page aligned) */
+    int run_len;            /* bytes used, the batch header included */
+    int nrec;               /* runs in it */
+    int last_rec;           /* where the last run's header is */
+    sqlite3_int64 next_off; /* where a write continuing the last run starts */
 } TxfsFile;
 
-/* V6: the largest run sent as one pwrite (the mount's max_write). */
-#define WRITE_RUN (1 << 20)
+/* V6/V9: the most sent as one pwrite (the mount's max_write, TXFS_BATCH_MAX),
+ * and the batch's and each run's header. */
+#define WRITE_RUN ((int)TXFS_BATCH_MAX)
+#define BATCH_HDR 16
+#define RUN_HDR 16
+/* What is gathered stays a page below WRITE_RUN, so that a single run (its
+ * data 32 bytes into the page-aligned buffer) also spans at most WRITE_RUN
+ * bytes of pages: one FUSE request, not two. */
+#define GATHER_MAX (WRITE_RUN - 4096)
 
 /* Per thread: the levels this VFS holds in the thread's txfs transaction. */
 static __thread struct {
@@ -495,19 +513,95 @@ static int pwrite_full(int fd, const void *buf, int amt, sqlite3_int64 off)
     return 0;
 }
 
-/* V6: send the gathered run. */
+static void put_le(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* V6/V9: each run of the batch as its own pwrite on the database. */
+static int send_runs(TxfsFile *f, int len)
+{
+    for (int at = BATCH_HDR; at < len;) {
+        const unsigned char *h = (const unsigned char *)f->run + at;
+        int n = (int)get_le(h + 8, 4);
+        int e = pwrite_full(f->fd, h + RUN_HDR, n, (sqlite3_int64)get_le(h, 8));
+        if (e)
+            return e;
+        at += RUN_HDR + n;
+    }
+    return 0;
+}
+
+/* V6/V9: send what was gathered. */
 static int flush_run(TxfsFile *f)
 {
-    if (f->run_len == 0)
+    if (f->nrec == 0)
         return SQLITE_OK;
-    int len = f->run_len;
+    int len = f->run_len, nrec = f->nrec;
+    f->nrec = 0;
     f->run_len = 0;
-    int e = pwrite_full(f->fd, f->run, len, f->run_off);
+    int e = 0;
+    if (nrec > 1 && f->bfd >= 0) {
+        memcpy(f->run, TXFS_BATCH_MAGIC, 8);
+        put_le((unsigned char *)f->run + 8, (uint64_t)len, 8);
+        ssize_t w;
+        do
+            w = pwrite(f->bfd, f->run, (size_t)len, 0);
+        while (w < 0 && errno == EINTR);
+        if (w == len)
+            return SQLITE_OK;
+        e = w < 0 ? errno : EIO;
+        if (e != EINVAL)
+            return map_errno(f, e, SQLITE_IOERR_WRITE);
+        /* Refused whole: no batches for this file from now on. */
+        sqlite3_log(SQLITE_NOTICE, "txfs: %s: batch write refused, writing runs one by one", f->path);
+        close(f->bfd);
+        f->bfd = -1;
+    }
+    e = send_runs(f, len);
     return e ? map_errno(f, e, SQLITE_IOERR_WRITE) : SQLITE_OK;
 }
 
-/* V6: an abort took the transaction's writes; the run goes with them. */
-static void drop_run(TxfsFile *f) { f->run_len = 0; }
+/* V6: an abort took the transaction's writes; what was gathered goes too. */
+static void drop_run(TxfsFile *f)
+{
+    f->nrec = 0;
+    f->run_len = 0;
+}
+
+/* V6/V9: gather a write; 0 if it does not fit (nothing done). */
+static int gather(TxfsFile *f, const void *buf, int amt, sqlite3_int64 off)
+{
+    if (f->nrec > 0 && off == f->next_off && f->run_len + amt <= GATHER_MAX) {
+        unsigned char *h = (unsigned char *)f->run + f->last_rec;
+        put_le(h + 8, get_le(h + 8, 4) + (uint64_t)amt, 4);
+    } else if ((f->nrec == 0 || f->bfd >= 0) && (f->nrec ? f->run_len : BATCH_HDR) + RUN_HDR + amt <= GATHER_MAX) {
+        if (f->nrec == 0)
+            f->run_len = BATCH_HDR;
+        unsigned char *h = (unsigned char *)f->run + f->run_len;
+        put_le(h, (uint64_t)off, 8);
+        put_le(h + 8, (uint64_t)amt, 4);
+        put_le(h + 12, 0, 4);
+        f->last_rec = f->run_len;
+        f->run_len += RUN_HDR;
+        f->nrec++;
+    } else {
+        return 0;
+    }
+    memcpy(f->run + f->run_len, buf, (size_t)amt);
+    f->run_len += amt;
+    f->next_off = off + amt;
+    return 1;
+}
 
 /* ---- sqlite3_io_methods ------------------------------------------------ */
 
@@ -522,6 +616,9 @@ static int txfs_close(sqlite3_file *pf)
         (void)level_end(f, 0);
     free(f->run);
     f->run = NULL;
+    if (f->bfd >= 0)
+        close(f->bfd);
+    f->bfd = -1;
     close(f->fd);
     f->fd = -1;
     return SQLITE_OK;
@@ -568,20 +665,19 @@ static int txfs_write(sqlite3_file *pf, const void *buf, int amt, sqlite3_int64 
         return rc;
     f->wrote = 1;
     note_vers(f, buf, amt, off);
-    if (f->run_len > 0 && off == f->run_off + f->run_len && f->run_len + amt <= WRITE_RUN) {
-        memcpy(f->run + f->run_len, buf, (size_t)amt);
-        f->run_len += amt;
+    if (f->nrec > 0 && gather(f, buf, amt, off))
         return SQLITE_OK;
-    }
     if ((rc = flush_run(f)) != SQLITE_OK)
         return rc;
-    if (level_valid(f) && amt < WRITE_RUN) {
-        if (!f->run && !(f->run = malloc(WRITE_RUN)))
-            return SQLITE_NOMEM;
-        memcpy(f->run, buf, (size_t)amt);
-        f->run_off = off;
-        f->run_len = amt;
-        return SQLITE_OK;
+    if (level_valid(f)) {
+        if (!f->run) {
+            void *p = NULL;
+            if (posix_memalign(&p, 4096, WRITE_RUN) != 0)
+                return SQLITE_NOMEM;
+            f->run = p;
+        }
+        if (gather(f, buf, amt, off))
+            return SQLITE_OK;
     }
     int e = pwrite_full(f->fd, buf, amt, off);
     return e ? map_errno(f, e, SQLITE_IOERR_WRITE) : SQLITE_OK;
@@ -809,6 +905,7 @@ static int txfs_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *pf, int f
     TxfsFile *f = (TxfsFile *)pf;
     memset(f, 0, sizeof *f);
     f->fd = -1;
+    f->bfd = -1;
     int oflags = O_CLOEXEC | O_NOFOLLOW;
     if (flags & SQLITE_OPEN_READWRITE)
         oflags |= O_RDWR;
@@ -834,6 +931,14 @@ static int txfs_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *pf, int f
     }
     f->fd = fd;
     f->path = name;
+    /* V9: a batch descriptor, where the daemon has them. */
+    if (flags & SQLITE_OPEN_READWRITE) {
+        f->bfd = open(name, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (f->bfd >= 0 && ioc_flags(f->bfd, TXFS_IOC_BATCH, 0) != 0) {
+            close(f->bfd);
+            f->bfd = -1;
+        }
+    }
     /* V8: no journal or WAL next to it now: none will appear. */
     char side[4096];
     int j = 1, w = 1;

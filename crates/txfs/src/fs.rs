@@ -247,6 +247,36 @@ struct Handle {
     /// caller (pid 0).
     tx: Option<TxId>,
     append: bool,
+    /// Opened for writing (`TXFS_IOC_BATCH` needs it).
+    writable: bool,
+    /// A batch handle (`TXFS_IOC_BATCH`): each WRITE through it carries
+    /// several writes to its file ([`parse_batch`]).
+    batch: bool,
+}
+
+/// The layout of a batch WRITE (`TXFS_IOC_BATCH`, clients/c/txfs.h): the
+/// magic, the whole batch's length (so a WRITE the kernel split is refused,
+/// not half applied), then records of (offset u64, length u32, 0 u32, bytes).
+const BATCH_MAGIC: &[u8; 8] = b"TXFSBAT1";
+
+/// The writes of a batch WRITE, or EINVAL if `data` is not exactly one.
+fn parse_batch(data: &[u8]) -> Result<Vec<(u64, &[u8])>, Errno> {
+    let bad = || Errno::from_i32(libc::EINVAL);
+    if data.len() < 16 || &data[..8] != BATCH_MAGIC || ioctl::u64_at(data, 8) != data.len() as u64 {
+        return Err(bad());
+    }
+    let mut out = Vec::new();
+    let mut at = 16;
+    while at < data.len() {
+        let hdr = data.get(at..at + 16).ok_or_else(bad)?;
+        let (off, len) = (ioctl::u64_at(hdr, 0), ioctl::u32_at(hdr, 8) as usize);
+        if ioctl::u32_at(hdr, 12) != 0 || len == 0 || off.checked_add(len as u64).is_none_or(|e| e > i64::MAX as u64) {
+            return Err(bad());
+        }
+        out.push((off, data.get(at + 16..at + 16 + len).ok_or_else(bad)?));
+        at += 16 + len;
+    }
+    Ok(out)
 }
 
 pub struct TxFs {
@@ -736,7 +766,10 @@ impl TxFs {
     fn open_handle(&self, o: ObjId, tx: Option<TxId>, flags: i32) -> Result<(u64, FopenFlags), Error> {
         self.engine.open_obj(o)?;
         let fh = self.new_fh();
-        self.handles.lock().insert(fh, Handle { obj: o, tx, append: flags & libc::O_APPEND != 0 });
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.handles
+            .lock()
+            .insert(fh, Handle { obj: o, tx, append: flags & libc::O_APPEND != 0, writable, batch: false });
         // A view's pages are its transaction's: the kernel may keep them.
         let mut fopen = if self.view.is_some() { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::FOPEN_DIRECT_IO };
         // No FLUSH at close (a round trip per close(2)) unless the handle
@@ -1287,10 +1320,21 @@ impl Filesystem for TxFs {
         let Some((o, append)) = self.handle_of(ino, fh, _flags.0) else {
             return reply.error(Errno::EBADF);
         };
+        let batch = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
+            && self.handles.lock().get(&fh.0).is_some_and(|h| h.batch);
         // O_APPEND appends at the end of the file as this transaction sees it.
         // A write-back carries its offset (the kernel picks any writable
         // handle for it, maybe an O_APPEND one).
-        let r = if append && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+        let r = if batch {
+            // Checked whole before anything is applied; then in order.
+            match parse_batch(data) {
+                Ok(writes) => writes
+                    .into_iter()
+                    .try_for_each(|(off, d)| self.engine.write(tx, o, off, d).map(|_| ()))
+                    .map(|()| data.len()),
+                Err(e) => return reply.error(e),
+            }
+        } else if append && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
             self.engine.append(tx, o, data).map(|_| data.len())
         } else {
             self.engine.write(tx, o, offset, data)
@@ -1549,6 +1593,17 @@ impl Filesystem for TxFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        if cmd == ioctl::BATCH {
+            // Makes the handle it is issued on a batch handle.
+            return match self.handles.lock().get_mut(&_fh.0) {
+                Some(h) if h.writable => {
+                    h.batch = true;
+                    reply.ioctl(0, &[])
+                }
+                Some(_) => reply.error(Errno::EBADF),
+                None => reply.error(Errno::EINVAL),
+            };
+        }
         match self.ioctl_cmd(req, cmd, in_data) {
             Ok((out, inval)) => self.after(inval, move || reply.ioctl(0, &out)),
             Err(e) => reply.error(e),

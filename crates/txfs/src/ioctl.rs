@@ -30,6 +30,9 @@ pub const BEGIN_STATE: u32 = iowr(8, 32);
 /// COMMIT of one level, only if the caller's transaction is the one named
 /// (`struct txfs_ioc_commit_if`, 16 bytes); ESTALE otherwise.
 pub const COMMIT_IF: u32 = iow(9, 16);
+/// Issued on a file opened for writing: every WRITE through that descriptor
+/// is a batch of writes to its file (`struct txfs_ioc_flags`, 8 bytes).
+pub const BATCH: u32 = iow(10, 8);
 
 pub const COMMIT_ORDERED: u32 = 0x1;
 
@@ -61,5 +64,6 @@ mod tests {
         assert_eq!(STATE, 0x8010_e707);
         assert_eq!(BEGIN_STATE, 0xc020_e708);
         assert_eq!(COMMIT_IF, 0x4010_e709);
+        assert_eq!(BATCH, 0x4008_e70a);
     }
 }
