@@ -150,7 +150,8 @@ class Groups:
             def io(f: int, cmd: int, arg: bytes) -> Callable[[], object]:
                 return lambda: fcntl.ioctl(f, cmd, arg)
             bad_errs = [E.ENOTTY, E.EINVAL, E.ENOSYS, E.EFAULT, E.EPERM, E.EOPNOTSUPP]
-            for nr in list(range(8, 24)) + [0, 255]:
+            # 8 BEGIN_STATE, 9 COMMIT_IF and 10 BATCH are known (below).
+            for nr in list(range(11, 24)) + [0, 255]:
                 for d, size in ((_wire.iow, 8), (_wire.ior, 16), (_wire.iow, 16)):
                     cmd = d(_wire.TXFS_IOC_MAGIC, nr, size)
                     self.attempt(f"unknown ioctl nr {nr} size {size}", io(fd, cmd, bytes(size)), errs=bad_errs)
@@ -167,6 +168,11 @@ class Groups:
             flags = _wire.IOC_FLAGS
             self.attempt("COMMIT without a transaction", io(fd, _wire.TXFS_IOC_COMMIT, flags.pack(0, 0)), errs=[E.EINVAL, E.ENOENT])
             self.attempt("ABORT without a transaction", io(fd, _wire.TXFS_IOC_ABORT, flags.pack(0, 0)), errs=[E.EINVAL, E.ENOENT])
+            commit_if = _wire.iow(_wire.TXFS_IOC_MAGIC, 9, 16)
+            batch = _wire.iow(_wire.TXFS_IOC_MAGIC, 10, 8)
+            self.attempt("COMMIT_IF without a transaction", io(fd, commit_if, bytes(16)), errs=[E.ESTALE])
+            self.attempt("BATCH on a directory", io(fd, batch, bytes(8)), errs=[E.EINVAL, E.EBADF])
+            self.attempt("BATCH on a read-only file", io(ffd, batch, bytes(8)), errs=[E.EBADF])
             # unknown commit flags, reserved bits: either refused or harmless
             fcntl.ioctl(fd, _wire.TXFS_IOC_BEGIN, flags.pack(0xFFFFFFFF, 0xFFFFFFFF))
             with open(self.p("flagged"), "wb") as f:
