@@ -94,7 +94,8 @@ struct txfs_ioc_begin_state {
     uint32_t last_committed; /* out: 1 if last_tx committed */
     uint64_t last_tx;        /* in: the transaction to ask about, 0: the
                                 thread's last; out: it, 0 if not known */
-    uint64_t reserved;       /* 0 */
+    uint64_t prior_tx;       /* out: the transaction the thread was in before
+                                this begin (a `txfs run`'s too), 0: none */
 };
 
 /* TXFS_IOC_COMMIT_IF: commit (leave one level) only if the calling thread's
@@ -111,9 +112,11 @@ struct txfs_ioc_commit_if {
  * request. A batch is "TXFSBAT1", its whole length as a uint64_t, then
  * records of {uint64_t offset; uint32_t length; uint32_t zero; bytes}, all
  * little-endian; write it at offset 0 from a 4 KiB-aligned buffer of at most
- * 1 MiB (a write the kernel splits is refused whole with EINVAL). Inside a
- * transaction the records are the transaction's writes, in order. Daemons
- * before 2026-11-24 answer ENOTTY. */
+ * 1 MiB (a write the kernel splits is refused whole with EINVAL). Only inside
+ * a transaction (else EINVAL: it could not be atomic), whose writes the
+ * records become, in order; a batch that fails part-way (ENOSPC) may leave
+ * its first records in the transaction: abort it. Not in a `txfs run` view
+ * (EINVAL). Daemons before 2026-11-24 answer ENOTTY. */
 #define TXFS_BATCH_MAGIC "TXFSBAT1"
 #define TXFS_BATCH_MAX (1u << 20)
 

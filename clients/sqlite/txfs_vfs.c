@@ -133,6 +133,8 @@ typedef struct TxfsFile {
     int stale_cache;       /* V5: SQLite's cache may hold an aborted commit */
     uint64_t stale_tx;     /* V5: the transaction that commit was in (0: unknown) */
     uint64_t level_tx;     /* the transaction of the current level (0: unknown) */
+    int v7;                /* this file's daemon has BEGIN_STATE and COMMIT_IF:
+                              -1 not known yet, 0 no, 1 yes */
     unsigned char vers[16];
     int no_sidecars;        /* V8: registered in `quiet` */
     int bfd;                /* V9: the batch descriptor, -1: none */
@@ -169,6 +171,7 @@ static sqlite3_vfs *orig_vfs;
 static struct quiet_db {
     struct quiet_db *next;
     int refs;
+    int loud; /* a later open found a -journal or -wal: ask again */
     char path[];
 } *quiet;
 static pthread_mutex_t quiet_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -182,6 +185,7 @@ static int quiet_add(const char *path)
     if (!q && (q = malloc(sizeof *q + strlen(path) + 1))) {
         strcpy(q->path, path);
         q->refs = 0;
+        q->loud = 0;
         q->next = quiet;
         quiet = q;
     }
@@ -207,6 +211,17 @@ static void quiet_drop(const char *path)
     pthread_mutex_unlock(&quiet_lock);
 }
 
+/* V8: an open found a -journal or -wal next to `path`: whoever registered
+ * it asks the file system again. */
+static void quiet_spoil(const char *path)
+{
+    pthread_mutex_lock(&quiet_lock);
+    for (struct quiet_db *q = quiet; q; q = q->next)
+        if (strcmp(q->path, path) == 0)
+            q->loud = 1;
+    pthread_mutex_unlock(&quiet_lock);
+}
+
 /* V8: is `name` the -journal or -wal of a database in `quiet`? */
 static int quiet_sidecar(const char *name)
 {
@@ -221,13 +236,11 @@ static int quiet_sidecar(const char *name)
     int found = 0;
     pthread_mutex_lock(&quiet_lock);
     for (struct quiet_db *q = quiet; q && !found; q = q->next)
-        found = strlen(q->path) == n - cut && strncmp(q->path, name, n - cut) == 0;
+        found = !q->loud && strlen(q->path) == n - cut && strncmp(q->path, name, n - cut) == 0;
     pthread_mutex_unlock(&quiet_lock);
     return found;
 }
-/* V7: the daemon has TXFS_IOC_BEGIN_STATE and TXFS_IOC_COMMIT_IF (-1: not
- * known yet, 0: no, 1: yes). */
-static int have_v7 = -1;
+
 static sqlite3_vfs txfs_vfs;
 
 static pid_t current_tid(void) { return (pid_t)syscall(SYS_gettid); }
@@ -309,14 +322,14 @@ static void judge_stale(TxfsFile *f, uint64_t now_tx, uint64_t last_tx, int last
 static int level_begin(TxfsFile *f)
 {
     tls_sync();
-    if (have_v7 != 0) {
+    if (f->v7 != 0) {
         struct txfs_ioc_begin_state bs;
         memset(&bs, 0, sizeof bs);
         bs.last_tx = f->stale_tx; /* how did it end? (0: nothing to ask) */
         int e = ioc(f->fd, TXFS_IOC_BEGIN_STATE, &bs);
         if (e == 0) {
-            have_v7 = 1;
-            note_prior(bs.depth > 1 ? bs.tx : 0);
+            f->v7 = 1;
+            note_prior(bs.prior_tx);
             judge_stale(f, bs.tx, bs.last_tx, bs.last_committed != 0);
             f->level_tx = bs.tx;
             goto begun;
@@ -327,7 +340,7 @@ static int level_begin(TxfsFile *f)
             sqlite3_log(SQLITE_IOERR_LOCK, "txfs: begin on %s: %s", f->path, strerror(e));
             return SQLITE_IOERR_LOCK;
         }
-        have_v7 = 0; /* an older daemon */
+        f->v7 = 0; /* an older daemon */
     }
     struct txfs_ioc_state st;
     int e = ioc_state(f->fd, &st);
@@ -371,7 +384,7 @@ static int level_end(TxfsFile *f, int commit)
         f->in_level = 0; /* its transaction ended under it */
         return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
     }
-    if (tls.app && have_v7 != 1) {
+    if (tls.app && f->v7 != 1) {
         struct txfs_ioc_state st;
         if (ioc_state(f->fd, &st) != 0 || st.tx != tls.app_tx || st.depth == 0) {
             f->in_level = 0;
@@ -390,10 +403,12 @@ static int level_end(TxfsFile *f, int commit)
             f->stale_tx = f->level_tx;
         }
         int e;
-        if (tls.app && have_v7 == 1) {
+        if (tls.app && f->v7 == 1) {
+            /* V7 (the level was begun through this file's daemon, which
+             * has COMMIT_IF: the flag is per file, not per process). */
             struct txfs_ioc_commit_if ci = {.flags = 0, .reserved = 0, .tx = tls.app_tx};
             e = ioc(f->fd, TXFS_IOC_COMMIT_IF, &ci);
-            if (e == ESTALE) { /* V7: the application's transaction ended under us */
+            if (e == ESTALE) { /* the application's transaction ended under us */
                 tls_forget();
                 return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
             }
@@ -906,6 +921,7 @@ static int txfs_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *pf, int f
     memset(f, 0, sizeof *f);
     f->fd = -1;
     f->bfd = -1;
+    f->v7 = -1;
     int oflags = O_CLOEXEC | O_NOFOLLOW;
     if (flags & SQLITE_OPEN_READWRITE)
         oflags |= O_RDWR;
@@ -947,6 +963,8 @@ static int txfs_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *pf, int f
         snprintf(side, sizeof side, "%s-wal", name) < (int)sizeof side &&
         orig_vfs->xAccess(orig_vfs, side, SQLITE_ACCESS_EXISTS, &w) == SQLITE_OK && !w)
         f->no_sidecars = quiet_add(name);
+    else
+        quiet_spoil(name);
     const char *mode = sqlite3_uri_parameter(name, "txfs_commit");
     f->commit_flags = is_word(mode, "ordered") ? TXFS_COMMIT_ORDERED : 0;
     if (mode && !is_word(mode, "ordered") && !is_word(mode, "durable"))

@@ -435,3 +435,36 @@ def test_a_hot_journal_left_by_another_vfs_is_not_ignored(db: str) -> None:
     plain.close()
     assert not os.path.exists(db + "-journal")
     assert connect(db).execute("SELECT count(*) FROM t").fetchone() == (2000,)
+
+
+def test_sqlite_under_txfs_run_joins_the_run(db: str, txfs_mount) -> None:
+    """Under `txfs run` a SQLite connection's levels nest into the run's
+    transaction (V3, with BEGIN_STATE's prior_tx under V7): its read-only
+    statements must not abort the run, its commits only leave their level,
+    and the run's exit commits it all. With the view (root) and without."""
+    from conftest import DEFAULT_BIN
+    binary = os.environ.get("TXFS_BIN") or DEFAULT_BIN
+    conn = connect(db)
+    conn.execute("CREATE TABLE t(x)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    conn.close()
+    script = (
+        f"import sys; sys.path[:0] = [{str(HERE.parent)!r}, {str(HERE.parent.parent / 'python')!r}]\n"
+        "import sqlite3, txfs_sqlite\n"
+        f"txfs_sqlite.load({EXT!r})\n"
+        f"c = sqlite3.connect('file:{db}?vfs=txfs', uri=True, isolation_level=None)\n"
+        "n = c.execute('SELECT count(*) FROM t').fetchone()[0]\n"
+        "c.execute('INSERT INTO t VALUES (2)')\n"
+        "c.execute('BEGIN'); c.execute('INSERT INTO t VALUES (3)'); c.execute('COMMIT')\n"
+        "print(n, c.execute('SELECT sum(x) FROM t').fetchone()[0])\n"
+    )
+    want_sum = 1
+    for view in ("1", "0"):
+        env = dict(os.environ, TXFS_RUN_VIEW=view)
+        out = subprocess.run([binary, "run", "--mount", txfs_mount.mnt, "--retries", "0", "--", sys.executable,
+                              "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, f"view={view}: {out.returncode}: {out.stderr}"
+        want_sum += 5
+        assert out.stdout.split()[1] == str(want_sum), f"view={view}: {out.stdout}"
+        assert connect(db).execute("SELECT sum(x) FROM t").fetchone() == (want_sum,), f"view={view}: committed"
+    assert "aborted" not in open(txfs_mount.log).read().split("process tree transaction")[-1]

@@ -794,6 +794,10 @@ impl TxFs {
                 // that it asks about (0: its last) ended.
                 let ask = ioctl::u64_at(data, 16);
                 let last = self.txs.outcome(tid, (ask != 0).then_some(TxId(ask)));
+                // The transaction the thread was in before (what STATE would
+                // have said): a `txfs run` tree's or view's too, which the
+                // thread joins at depth 1 without owning it.
+                let prior = self.view.or_else(|| self.txs.thread(tid).map(|t| t.0).or_else(|| self.txs.of(tid)));
                 if let Some(view) = self.view {
                     // Nests into the view's transaction, whoever asks.
                     self.txs.join(tid, view);
@@ -805,8 +809,11 @@ impl TxFs {
                 if cmd == ioctl::BEGIN {
                     return Ok((Vec::new(), Vec::new()));
                 }
-                // struct txfs_ioc_begin_state: tx, depth, last_committed, last_tx, reserved.
+                // struct txfs_ioc_begin_state: tx, depth, last_committed, last_tx, prior_tx.
                 let mut out = vec![0u8; 32];
+                if let Some(p) = prior {
+                    out[24..32].copy_from_slice(&p.0.to_le_bytes());
+                }
                 if let Some((tx, depth, _)) = self.txs.thread(tid) {
                     out[0..8].copy_from_slice(&tx.0.to_le_bytes());
                     out[8..12].copy_from_slice(&depth.to_le_bytes());
@@ -1327,6 +1334,11 @@ impl Filesystem for TxFs {
         // handle for it, maybe an O_APPEND one).
         let r = if batch {
             // Checked whole before anything is applied; then in order.
+            // Only inside a transaction: outside one each record would be a
+            // transaction of its own, and a batch could land half.
+            if tx.is_none() {
+                return reply.error(Errno::EINVAL);
+            }
             match parse_batch(data) {
                 Ok(writes) => writes
                     .into_iter()
@@ -1437,8 +1449,6 @@ impl Filesystem for TxFs {
                 0 => reply.add(ino, 1, ".", &TTL, &here, Generation(0)),
                 1 => reply.add(ino, 2, "..", &TTL, &here, Generation(0)),
                 _ => match list.get(i - 2) {
-                    // Gone since the listing was taken: a plain entry
-                    // (node id 0), which the kernel looks up when asked.
                     Some(e) => match self.engine.getattr(tx, e.obj) {
                         Ok(a) => {
                             let fa = self.entry_attr(tx, &a);
@@ -1446,7 +1456,11 @@ impl Filesystem for TxFs {
                                 reply.add(fa.ino, i as u64 + 1, &e.name, ttl, &fa, Generation(0))
                             })
                         }
-                        Err(_) => reply.add(INodeNo(0), i as u64 + 1, &e.name, &TTL, &here, Generation(0)),
+                        // Gone since the listing was taken: left out (fuser
+                        // takes the entry's node id and type from the
+                        // attributes, so there is no "plain" entry to send).
+                        Err(err) if matches!(err.errno(), libc::ENOENT | libc::ESTALE) => false,
+                        Err(err) => return reply.error(errno(&err)),
                     },
                     None => break,
                 },
@@ -1594,7 +1608,12 @@ impl Filesystem for TxFs {
         reply: ReplyIoctl,
     ) {
         if cmd == ioctl::BATCH {
-            // Makes the handle it is issued on a batch handle.
+            // Makes the handle it is issued on a batch handle. Not in a view:
+            // its handles are not direct I/O, so the kernel would keep the
+            // batch's raw bytes as the file's pages.
+            if self.view.is_some() {
+                return reply.error(Errno::EINVAL);
+            }
             return match self.handles.lock().get_mut(&_fh.0) {
                 Some(h) if h.writable => {
                     h.batch = true;

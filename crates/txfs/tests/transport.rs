@@ -79,12 +79,18 @@ fn begin_state(m: &Mount) -> (u64, u32, u32, u64) {
 
 /// The same, asking how transaction `ask` ended (0: the thread's last).
 fn begin_asking(m: &Mount, ask: u64) -> (u64, u32, u32, u64) {
+    let (tx, depth, ok, last, _) = begin_full(m, ask);
+    (tx, depth, ok, last)
+}
+
+/// All of it: `(tx, depth, last_committed, last_tx, prior_tx)`.
+fn begin_full(m: &Mount, ask: u64) -> (u64, u32, u32, u64, u64) {
     let mut b = [0u8; 32];
     b[16..24].copy_from_slice(&ask.to_le_bytes());
     m.ioctl_buf(IOC_BEGIN_STATE, &mut b).expect("BEGIN_STATE");
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
-    (u64_at(0), u32_at(8), u32_at(12), u64_at(16))
+    (u64_at(0), u32_at(8), u32_at(12), u64_at(16), u64_at(24))
 }
 
 fn commit_if(m: &Mount, tx: u64) -> std::io::Result<()> {
@@ -99,10 +105,10 @@ fn commit_if(m: &Mount, tx: u64) -> std::io::Result<()> {
 #[test]
 fn begin_state_reports_the_level_and_the_last_outcome_and_commit_if_checks_the_transaction() {
     let m = Mount::new();
-    let (t1, depth, _, last) = begin_state(&m);
-    assert!(t1 != 0 && depth == 1 && last == 0, "a first transaction: {t1} {depth} {last}");
-    let (t, depth, _, _) = begin_state(&m);
-    assert_eq!((t, depth), (t1, 2), "a nested begin names the same transaction");
+    let (t1, depth, _, last, prior) = begin_full(&m, 0);
+    assert!(t1 != 0 && depth == 1 && last == 0 && prior == 0, "a first transaction: {t1} {depth} {last} {prior}");
+    let (t, depth, _, _, prior) = begin_full(&m, 0);
+    assert_eq!((t, depth, prior), (t1, 2, t1), "a nested begin names the same transaction, and the one before");
     assert_eq!(errno_of(commit_if(&m, t1 + 1000)), libc::ESTALE, "another transaction's level is left alone");
     commit_if(&m, t1).expect("leaving our own level");
     std::fs::write(m.path("f"), "x").unwrap();
@@ -204,4 +210,8 @@ fn a_batch_descriptor_applies_several_writes_in_one_request_or_none() {
     assert_eq!(&got[8192..8194], b"BB");
     assert_eq!(&got[19998..], b"CCCC");
     assert!(!got.contains(&b'X') && !got.contains(&b'Y'), "a refused batch left nothing");
+    // Outside a transaction a batch could not be atomic: refused.
+    let out = batch(&[(0, b"ZZ"), (10, b"ZZ")]);
+    assert_eq!(b.write_at(&out, 0).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    assert!(!std::fs::read(m.path("f")).unwrap().contains(&b'Z'));
 }
