@@ -733,6 +733,24 @@ impl TxFs {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The transaction thread `tid` is in and its depth (0: joined to a
+    /// tree without a begin of its own, or none).
+    fn state_of(&self, tid: u32) -> (Option<TxId>, u32) {
+        match self.txs.thread(tid) {
+            Some((tx, depth, _)) => (Some(tx), depth),
+            None => (self.txs.of(tid), 0),
+        }
+    }
+
+    /// `struct txfs_ioc_state` for thread `tid`.
+    fn state_bytes(&self, tid: u32) -> Vec<u8> {
+        let (tx, depth) = self.state_of(tid);
+        let mut out = vec![0u8; 16];
+        out[0..8].copy_from_slice(&tx.map_or(0, |t| t.0).to_le_bytes());
+        out[8..12].copy_from_slice(&depth.to_le_bytes());
+        out
+    }
+
     /// The listing behind directory handle `fh` (taken at its first read,
     /// so offsets stay stable), and whose view it is.
     fn dir_listing(&self, ino: INodeNo, fh: FileHandle) -> Result<(Option<TxId>, Arc<Vec<DirEntry>>), Errno> {
@@ -747,7 +765,7 @@ impl TxFs {
         Ok((tx, list))
     }
 
-    /// The object and O_APPEND of handle `fh` — or, in a view, of a file
+    /// The object, O_APPEND and batch flag of handle `fh` — or, in a view, of a file
     /// its kernel opened without asking (handle 0; `flags` are the open
     /// flags the request carries). Such a file is not counted as open, and
     /// need not be: while the view's transaction lives, its own removals
@@ -755,11 +773,11 @@ impl TxFs {
     /// anybody else removes (the name is in its read set) dooms it: it
     /// loses at its next read or at commit, and `txfs run` retries; once it
     /// has ended, its view's requests fail anyway.
-    fn handle_of(&self, ino: INodeNo, fh: FileHandle, flags: i32) -> Option<(ObjId, bool)> {
+    fn handle_of(&self, ino: INodeNo, fh: FileHandle, flags: i32) -> Option<(ObjId, bool, bool)> {
         if let Some(h) = self.handles.lock().get(&fh.0) {
-            return Some((h.obj, h.append));
+            return Some((h.obj, h.append, h.batch));
         }
-        (self.view.is_some() && fh.0 == 0).then(|| (self.obj(ino), flags & libc::O_APPEND != 0))
+        (self.view.is_some() && fh.0 == 0).then(|| (self.obj(ino), flags & libc::O_APPEND != 0, false))
     }
 
     /// Opens a handle (always direct I/O: see the module docs).
@@ -790,14 +808,15 @@ impl TxFs {
         let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
         match cmd {
             ioctl::BEGIN | ioctl::BEGIN_STATE => {
-                // Before the begin: how the caller's transaction of its own
-                // that it asks about (0: its last) ended.
-                let ask = ioctl::u64_at(data, 16);
-                let last = self.txs.outcome(tid, (ask != 0).then_some(TxId(ask)));
-                // The transaction the thread was in before (what STATE would
-                // have said): a `txfs run` tree's or view's too, which the
-                // thread joins at depth 1 without owning it.
-                let prior = self.view.or_else(|| self.txs.thread(tid).map(|t| t.0).or_else(|| self.txs.of(tid)));
+                // BEGIN_STATE only, before the begin: how the caller's
+                // transaction of its own that it asks about (0: its last)
+                // ended, and the transaction it was in (a `txfs run` tree's
+                // or view's too, which it joins at depth 1 without owning).
+                let before = (cmd == ioctl::BEGIN_STATE).then(|| {
+                    let ask = ioctl::u64_at(data, 16);
+                    let last = self.txs.outcome(tid, (ask != 0).then_some(TxId(ask)));
+                    (last, self.view.or(self.state_of(tid).0))
+                });
                 if let Some(view) = self.view {
                     // Nests into the view's transaction, whoever asks.
                     self.txs.join(tid, view);
@@ -806,17 +825,12 @@ impl TxFs {
                     let tx = self.gate.close_then(self.notifier.get(), || self.txs.begin(tid, || engine.begin()));
                     tracing::debug!(tid, %tx, "begin");
                 }
-                if cmd == ioctl::BEGIN {
-                    return Ok((Vec::new(), Vec::new()));
-                }
-                // struct txfs_ioc_begin_state: tx, depth, last_committed, last_tx, prior_tx.
-                let mut out = vec![0u8; 32];
+                let Some((last, prior)) = before else { return Ok((Vec::new(), Vec::new())) };
+                // struct txfs_ioc_begin_state: the state (as STATE), last_committed, last_tx, prior_tx.
+                let mut out = self.state_bytes(tid);
+                out.resize(32, 0);
                 if let Some(p) = prior {
                     out[24..32].copy_from_slice(&p.0.to_le_bytes());
-                }
-                if let Some((tx, depth, _)) = self.txs.thread(tid) {
-                    out[0..8].copy_from_slice(&tx.0.to_le_bytes());
-                    out[8..12].copy_from_slice(&depth.to_le_bytes());
                 }
                 if let Some((tx, committed)) = last {
                     out[12..16].copy_from_slice(&u32::from(committed).to_le_bytes());
@@ -963,16 +977,7 @@ impl TxFs {
                 }
                 Ok((out, Vec::new()))
             }
-            ioctl::STATE => {
-                let mut out = vec![0u8; 16];
-                if let Some((tx, depth, _)) = self.txs.thread(tid) {
-                    out[0..8].copy_from_slice(&tx.0.to_le_bytes());
-                    out[8..12].copy_from_slice(&depth.to_le_bytes());
-                } else if let Some(tx) = self.txs.of(tid) {
-                    out[0..8].copy_from_slice(&tx.0.to_le_bytes());
-                }
-                Ok((out, Vec::new()))
-            }
+            ioctl::STATE => Ok((self.state_bytes(tid), Vec::new())),
             _ => Err(Errno::from_i32(libc::ENOTTY)),
         }
     }
@@ -1280,7 +1285,7 @@ impl Filesystem for TxFs {
         lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some((o, _)) = self.handle_of(ino, fh, 0) else {
+        let Some((o, _, _)) = self.handle_of(ino, fh, 0) else {
             return reply.error(Errno::EBADF);
         };
         // The kernel names a lock owner on direct reads only; a read without
@@ -1324,11 +1329,10 @@ impl Filesystem for TxFs {
         } else {
             self.tx_fh(req, fh)
         };
-        let Some((o, append)) = self.handle_of(ino, fh, _flags.0) else {
+        let Some((o, append, batch)) = self.handle_of(ino, fh, _flags.0) else {
             return reply.error(Errno::EBADF);
         };
-        let batch = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
-            && self.handles.lock().get(&fh.0).is_some_and(|h| h.batch);
+        let batch = batch && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         // O_APPEND appends at the end of the file as this transaction sees it.
         // A write-back carries its offset (the kernel picks any writable
         // handle for it, maybe an O_APPEND one).
