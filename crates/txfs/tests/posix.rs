@@ -673,3 +673,200 @@ fn scopeguard(mnt: &Path) -> impl Drop + '_ {
     }
     G(mnt)
 }
+
+/// One getdents64 call on `fd` with a `buf`-byte buffer: the names it gave
+/// (without "." and ".."); empty at the end.
+fn getdents(fd: libc::c_int, buf: usize) -> Vec<String> {
+    let mut b = vec![0u8; buf];
+    // SAFETY: `b` is writable for `buf` bytes.
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, b.as_mut_ptr(), buf) };
+    assert!(n >= 0, "getdents64: {}", std::io::Error::last_os_error());
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < n as usize {
+        let reclen = u16::from_ne_bytes([b[at + 16], b[at + 17]]) as usize;
+        let name = &b[at + 19..at + reclen];
+        let name = &name[..name.iter().position(|&c| c == 0).unwrap_or(name.len())];
+        let name = String::from_utf8_lossy(name).into_owned();
+        if name != "." && name != ".." {
+            out.push(name);
+        }
+        at += reclen;
+    }
+    out
+}
+
+fn open_dir(p: &Path) -> libc::c_int {
+    // SAFETY: a valid C string.
+    let fd = unsafe { libc::open(cpath(p).as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    assert!(fd >= 0, "open {}: {}", p.display(), std::io::Error::last_os_error());
+    fd
+}
+
+/// The shared mount's directories have no handles: a listing read in many
+/// small pieces resumes after the last name it gave. Entries removed and
+/// added meanwhile (among them the ones just read, as `rm -r` does) must not
+/// make it skip or repeat anything that was there throughout.
+#[test]
+fn a_listing_read_in_pieces_survives_removals_and_additions() {
+    const N: usize = 3000;
+    let m = Mount::start_with(&[], |b| {
+        std::fs::create_dir(b.join("d")).unwrap();
+        for i in 0..N {
+            std::fs::write(b.join(format!("d/f{i:05}")), "").unwrap();
+        }
+    });
+    let d = m.path("d");
+    let fd = open_dir(&d);
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut removed_unread = std::collections::HashSet::new();
+    let mut added = 0usize;
+    let mut reads = 0usize;
+    loop {
+        let names = getdents(fd, 512);
+        if names.is_empty() {
+            break;
+        }
+        reads += 1;
+        for n in &names {
+            *seen.entry(n.clone()).or_default() += 1;
+            // (A name removed after the listing began may still come.)
+            if n.starts_with('f') && seen[n] == 1 && !removed_unread.contains(n) {
+                std::fs::remove_file(d.join(n)).unwrap();
+            }
+        }
+        // Some entries not read yet go, and new ones come.
+        for k in 0..3 {
+            let victim = format!("f{:05}", (reads * 37 + k * 1009) % N);
+            if !seen.contains_key(&victim) && removed_unread.insert(victim.clone()) {
+                std::fs::remove_file(d.join(&victim)).unwrap();
+            }
+        }
+        std::fs::write(d.join(format!("n{added}")), "").unwrap();
+        added += 1;
+    }
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    assert!(reads > 20, "the listing came in {reads} pieces: the buffer was meant to split it");
+    let twice: Vec<_> = seen.iter().filter(|(_, c)| **c > 1).map(|(n, _)| n.clone()).collect();
+    assert!(twice.is_empty(), "names read twice: {twice:?}");
+    let missed: Vec<_> =
+        (0..N).map(|i| format!("f{i:05}")).filter(|n| !removed_unread.contains(n) && !seen.contains_key(n)).collect();
+    assert!(
+        missed.is_empty(),
+        "{} names present throughout were skipped: {:?}",
+        missed.len(),
+        &missed[..missed.len().min(10)]
+    );
+    let bogus: Vec<_> = seen.keys().filter(|n| !n.starts_with('f') && !n.starts_with('n')).collect();
+    assert!(bogus.is_empty(), "names that never existed: {bogus:?}");
+    // What is left: exactly the additions (every original was removed).
+    let mut left = names(&d);
+    left.sort();
+    let mut want: Vec<String> = (0..added).map(|i| format!("n{i}")).collect();
+    want.sort();
+    assert_eq!(left, want);
+}
+
+/// telldir/seekdir and rewinddir on a handle-less directory: a position
+/// taken mid-listing reads the same names again; a rewind reads all of them.
+#[test]
+fn seekdir_and_rewinddir_return_to_the_same_names() {
+    let m = Mount::start_with(&[], |b| {
+        for i in 0..500 {
+            std::fs::write(b.join(format!("e{i}")), "").unwrap();
+        }
+    });
+    let c = cpath(m.mnt());
+    let read = |dir: *mut libc::DIR, k: usize| -> Vec<String> {
+        let mut out = Vec::new();
+        while out.len() < k {
+            // SAFETY: `dir` is an open stream.
+            let e = unsafe { libc::readdir(dir) };
+            if e.is_null() {
+                break;
+            }
+            // SAFETY: readdir returned a valid entry.
+            let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) }.to_string_lossy().into_owned();
+            if name != "." && name != ".." {
+                out.push(name);
+            }
+        }
+        out
+    };
+    // SAFETY: a valid C string; the stream is closed below.
+    let dir = unsafe { libc::opendir(c.as_ptr()) };
+    assert!(!dir.is_null());
+    let first = read(dir, 200);
+    // SAFETY: open stream.
+    let pos = unsafe { libc::telldir(dir) };
+    let next = read(dir, 150);
+    // SAFETY: a position telldir gave for this stream.
+    unsafe { libc::seekdir(dir, pos) };
+    assert_eq!(read(dir, 150), next, "seekdir to a telldir position");
+    let rest = read(dir, usize::MAX);
+    let mut all: Vec<String> = first.iter().chain(&next).chain(&rest).cloned().collect();
+    assert_eq!(all.len(), 500);
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 500, "a name came twice");
+    // SAFETY: open stream.
+    unsafe { libc::rewinddir(dir) };
+    assert_eq!(read(dir, usize::MAX).len(), 500, "after rewinddir");
+    // SAFETY: open stream, closed once.
+    unsafe { libc::closedir(dir) };
+}
+
+/// A directory descriptor read part-way by one process and inherited by
+/// another: the second continues where the first stopped.
+#[test]
+fn an_inherited_directory_stream_continues_in_the_child() {
+    let m = Mount::start_with(&[], |b| {
+        for i in 0..800 {
+            std::fs::write(b.join(format!("g{i}")), "").unwrap();
+        }
+    });
+    let fd = open_dir(m.mnt());
+    let mut names_read = getdents(fd, 1024);
+    names_read.extend(getdents(fd, 1024));
+    assert!(!names_read.is_empty() && names_read.len() < 800);
+    // The child reads on through the same open file (its position included)
+    // and prints what it got.
+    // SAFETY: clearing FD_CLOEXEC on our descriptor.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    let script = r#"
+import ctypes, sys
+fd, nr = int(sys.argv[1]), int(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+buf = ctypes.create_string_buffer(4096)
+names = []
+while True:
+    n = libc.syscall(nr, fd, buf, 4096)
+    assert n >= 0, ctypes.get_errno()
+    if n == 0:
+        break
+    raw, at = buf.raw, 0
+    while at < n:
+        rl = int.from_bytes(raw[at + 16:at + 18], 'little')
+        nm = raw[at + 19:at + rl].split(b'\0')[0].decode()
+        if nm not in ('.', '..'):
+            names.append(nm)
+        at += rl
+print('\n'.join(names))
+"#;
+    let out = Command::new(python())
+        .args(["-c", script, &fd.to_string(), &libc::SYS_getdents64.to_string()])
+        .output()
+        .unwrap();
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    assert!(out.status.success(), "child: {}", String::from_utf8_lossy(&out.stderr));
+    let child: Vec<String> =
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).map(String::from).collect();
+    let mut all: Vec<String> = names_read.iter().chain(&child).cloned().collect();
+    assert_eq!(all.len(), 800, "parent read {}, child {}", names_read.len(), child.len());
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 800, "a name came twice");
+}
