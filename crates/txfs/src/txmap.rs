@@ -62,7 +62,7 @@ pub struct ThreadTx {
     pub start: Option<u64>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct TreeTx {
     pub tx: TxId,
     pub root_start: Option<u64>,
@@ -82,6 +82,9 @@ struct Inner {
     trees: HashMap<u32, TreeTx>,
     /// Tree membership by thread: (its start time, the tree's transaction).
     cache: HashMap<u32, (Option<u64>, Option<TxId>)>,
+    /// Bumped whenever `cache` is cleared (a tree began or ended): an answer
+    /// worked out from the trees before that is not cached.
+    trees_gen: u64,
     /// How each thread's last transactions of its own ended (oldest first):
     /// (it, committed).
     last: HashMap<u32, std::collections::VecDeque<(TxId, bool)>>,
@@ -95,28 +98,51 @@ const LAST_PER_THREAD: usize = 64;
 
 impl TxMap {
     /// The transaction of thread `tid`, if any.
+    ///
+    /// No /proc read happens under the lock: while a tree is live, every
+    /// request of a thread outside a thread transaction checks its tree
+    /// membership here (~10 µs per /proc file), and holding the lock for
+    /// that would serialize all requests of the mount.
     pub fn of(&self, tid: u32) -> Option<TxId> {
         if tid == 0 {
             return None;
         }
-        let mut g = self.inner.lock();
-        if let Some(t) = g.threads.get(&tid) {
-            return Some(t.tx);
-        }
-        if g.trees.is_empty() {
-            return None;
-        }
+        let (cached, gen) = {
+            let g = self.inner.lock();
+            if let Some(t) = g.threads.get(&tid) {
+                return Some(t.tx);
+            }
+            if g.trees.is_empty() {
+                return None;
+            }
+            (g.cache.get(&tid).copied(), g.trees_gen)
+        };
         // A thread id can be reused by an unrelated process: the cached
         // answer holds only for the same (tid, start time).
         let start = start_time(tid);
-        if let Some((s, c)) = g.cache.get(&tid) {
-            if *s == start {
-                return *c;
+        if let Some((s, c)) = cached {
+            if s == start {
+                return c;
             }
         }
-        let found = tree_of(&g.trees, tid);
-        g.cache.insert(tid, (start, found));
+        let found = self.tree_of(tid);
+        let mut g = self.inner.lock();
+        if g.trees_gen == gen {
+            g.cache.insert(tid, (start, found));
+        }
         found
+    }
+
+    /// The tree `tid` belongs to, walking /proc outside the lock.
+    fn tree_of(&self, tid: u32) -> Option<TxId> {
+        let trees = {
+            let g = self.inner.lock();
+            if g.trees.is_empty() {
+                return None;
+            }
+            g.trees.clone()
+        };
+        tree_of(&trees, tid)
     }
 
     /// Records how `tid`'s own (outermost) transaction `tx` ended.
@@ -148,32 +174,32 @@ impl TxMap {
     }
 
     /// Records a begin by `tid`. `make` creates a transaction when the
-    /// thread is not in one yet. Returns the transaction.
+    /// thread is not in one yet. Returns the transaction. Only `tid` itself
+    /// begins for `tid` (the ioctl comes from that thread), so nothing else
+    /// adds it between the two locked sections; /proc is read between them.
     pub fn begin(&self, tid: u32, make: impl FnOnce() -> TxId) -> TxId {
-        let mut g = self.inner.lock();
-        if let Some(t) = g.threads.get_mut(&tid) {
+        if let Some(t) = self.inner.lock().threads.get_mut(&tid) {
             t.depth += 1;
             return t.tx;
         }
-        let in_tree = if g.trees.is_empty() { None } else { tree_of(&g.trees, tid) };
-        let (tx, owned) = match in_tree {
+        let start = start_time(tid);
+        let (tx, owned) = match self.tree_of(tid) {
             Some(tx) => (tx, false),
             None => (make(), true),
         };
-        g.threads.insert(tid, ThreadTx { tx, depth: 1, owned, start: start_time(tid) });
+        self.inner.lock().threads.insert(tid, ThreadTx { tx, depth: 1, owned, start });
         tx
     }
 
     /// Records a begin by `tid` that nests into `tx`, which it does not own
     /// (a thread in a transaction view: everything there is the view's).
     pub fn join(&self, tid: u32, tx: TxId) {
-        let mut g = self.inner.lock();
-        match g.threads.get_mut(&tid) {
-            Some(t) => t.depth += 1,
-            None => {
-                g.threads.insert(tid, ThreadTx { tx, depth: 1, owned: false, start: start_time(tid) });
-            }
+        if let Some(t) = self.inner.lock().threads.get_mut(&tid) {
+            t.depth += 1;
+            return;
         }
+        let start = start_time(tid);
+        self.inner.lock().threads.insert(tid, ThreadTx { tx, depth: 1, owned: false, start });
     }
 
     /// Ends one level of `tid`'s transaction. Returns `Some((tx, owned))`
@@ -198,6 +224,7 @@ impl TxMap {
         let mut g = self.inner.lock();
         g.trees.insert(root, TreeTx { tx, root_start: start_time(root), owner, owner_start: start_time(owner) });
         g.cache.clear();
+        g.trees_gen += 1;
     }
 
     pub fn tree(&self, root: u32) -> Option<(TxId, u32)> {
@@ -208,29 +235,43 @@ impl TxMap {
         let mut g = self.inner.lock();
         let t = g.trees.remove(&root)?;
         g.cache.clear();
+        g.trees_gen += 1;
         g.threads.retain(|_, th| th.tx != t.tx);
         Some(t.tx)
     }
 
-    /// Transactions whose thread or `txfs run` owner has exited.
+    /// Transactions whose thread or `txfs run` owner has exited. /proc is
+    /// read outside the lock (one file per thread in a transaction); an
+    /// entry is dropped only if it is still the one that was checked.
     pub fn reap(&self) -> Vec<TxId> {
+        let (threads, owners) = {
+            let g = self.inner.lock();
+            let threads: Vec<(u32, TxId, Option<u64>)> =
+                g.threads.iter().map(|(tid, t)| (*tid, t.tx, t.start)).collect();
+            let owners: Vec<(u32, u32, Option<u64>)> =
+                g.trees.iter().map(|(r, t)| (*r, t.owner, t.owner_start)).collect();
+            (threads, owners)
+        };
+        let gone_threads: Vec<_> = threads.into_iter().filter(|(tid, _, start)| start_time(*tid) != *start).collect();
+        let gone_trees: Vec<_> = owners.into_iter().filter(|(_, owner, start)| start_time(*owner) != *start).collect();
         let mut g = self.inner.lock();
         let mut dead = Vec::new();
-        let gone_threads: Vec<u32> =
-            g.threads.iter().filter(|(tid, t)| start_time(**tid) != t.start).map(|(tid, _)| *tid).collect();
-        for tid in gone_threads {
-            if let Some(t) = g.threads.remove(&tid) {
-                if t.owned {
-                    dead.push(t.tx);
+        for (tid, tx, start) in gone_threads {
+            if g.threads.get(&tid).is_some_and(|t| t.tx == tx && t.start == start) {
+                if let Some(t) = g.threads.remove(&tid) {
+                    if t.owned {
+                        dead.push(t.tx);
+                    }
                 }
             }
         }
-        let gone_trees: Vec<u32> =
-            g.trees.iter().filter(|(_, t)| start_time(t.owner) != t.owner_start).map(|(r, _)| *r).collect();
-        for root in gone_trees {
-            if let Some(t) = g.trees.remove(&root) {
-                dead.push(t.tx);
-                g.cache.clear();
+        for (root, owner, start) in gone_trees {
+            if g.trees.get(&root).is_some_and(|t| t.owner == owner && t.owner_start == start) {
+                if let Some(t) = g.trees.remove(&root) {
+                    dead.push(t.tx);
+                    g.cache.clear();
+                    g.trees_gen += 1;
+                }
             }
         }
         dead
