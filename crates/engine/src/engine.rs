@@ -1742,6 +1742,17 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
         let mut fill = |sink: &mut journal::DataSink<'_>| -> Result<()> {
             let mut buf = Vec::new();
             for (_, _, len, loc) in &extents {
+                // Bytes in memory go to the sink as they are (no zeroed
+                // buffer, no copy: a plain 512 KiB WRITE spent 6% of the
+                // daemon's time in those).
+                if let DataLoc::Mem(b, s) = loc {
+                    let bytes = b
+                        .get(*s..*s + *len as usize)
+                        .ok_or_else(|| std::io::Error::other("memory extent out of range"))
+                        .ctx("commit", || "reading transaction data".into())?;
+                    sink.put(bytes)?;
+                    continue;
+                }
                 let mut done = 0u64;
                 while done < *len {
                     let n = ((*len - done) as usize).min(1 << 20);
