@@ -286,8 +286,6 @@ pub struct TxFs {
     handles: Mutex<HashMap<u64, Handle>>,
     /// Open directory handles: the listing as the opener saw it, and whose view.
     dirs: Mutex<HashMap<u64, DirSnapshot>>,
-    /// The shared mount's handle-less directory streams.
-    streams: Mutex<Streams>,
     next_fh: AtomicU64,
     /// Set once the session exists; used to drop stale kernel pages.
     pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
@@ -333,64 +331,7 @@ impl Paged {
 /// mount root to send every ioctl, and a listing read there would enter the
 /// transaction's read set (a spurious conflict with any create in the root)
 /// and fail in a doomed transaction (so its ABORT could never be sent).
-type DirSnapshot = (Option<TxId>, Option<Listing>);
-
-/// A directory's entries in the order readdir sends them, each with its
-/// cookie: the offset a later READDIR resumes after. "." and ".." are 1 and
-/// 2; entries are greater, ascending.
-type Listing = Arc<Vec<(u64, DirEntry)>>;
-
-/// The shared mount keeps no directory handles (`opendir`). A readdir there
-/// resumes by name, not by position: an entry's cookie is a hash of its name,
-/// so entries removed or added since the stream began shift nothing and no
-/// other entry is skipped or sent twice (ext4's htree cookies work the same
-/// way). Two names of one directory whose 63-bit hashes collide could lose
-/// the second one at a buffer boundary (odds ~ n²/2⁶⁴).
-fn name_cookie(name: &OsStr) -> u64 {
-    use std::hash::Hasher;
-    // `DefaultHasher::new` has fixed keys: one cookie per name all daemon long.
-    let mut h = std::hash::DefaultHasher::new();
-    h.write(name.as_bytes());
-    (h.finish() >> 1).max(3)
-}
-
-/// Listings of the shared mount's handle-less directory streams, by reader
-/// (thread), transaction and directory: taken at a read from offset 0 (an
-/// opendir or rewinddir), reused for that stream's next reads so a big
-/// directory is listed once, not once per READDIR; dropped at its end. A read
-/// that finds none (another process reading an inherited descriptor, an
-/// evicted entry) lists afresh and resumes by cookie: still every entry
-/// present throughout exactly once (POSIX leaves entries added or removed
-/// meanwhile unspecified).
-#[derive(Default)]
-struct Streams {
-    map: HashMap<StreamKey, Listing>,
-    order: std::collections::VecDeque<StreamKey>,
-}
-
-type StreamKey = (u32, Option<TxId>, u64);
-
-/// Streams kept at once (oldest dropped first).
-const STREAMS_MAX: usize = 64;
-
-impl Streams {
-    fn put(&mut self, key: StreamKey, list: Listing) {
-        if self.map.insert(key, list).is_none() {
-            self.order.push_back(key);
-            while self.order.len() > STREAMS_MAX {
-                if let Some(old) = self.order.pop_front() {
-                    self.map.remove(&old);
-                }
-            }
-        }
-    }
-
-    fn end(&mut self, key: &StreamKey) {
-        if self.map.remove(key).is_some() {
-            self.order.retain(|k| k != key);
-        }
-    }
-}
+type DirSnapshot = (Option<TxId>, Option<Arc<Vec<DirEntry>>>);
 
 /// Files whose cached pages must go, and the reply to send after.
 type Deferred = (Vec<ObjId>, Box<dyn FnOnce() + Send>);
@@ -580,7 +521,6 @@ impl TxFs {
             backing,
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
-            streams: Mutex::default(),
             next_fh: AtomicU64::new(1),
             notifier,
             invalidator: Mutex::new(tx),
@@ -603,7 +543,6 @@ impl TxFs {
             backing: self.backing.clone(),
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
-            streams: Mutex::default(),
             next_fh: AtomicU64::new(1),
             notifier: Arc::new(std::sync::OnceLock::new()),
             invalidator: Mutex::new(dead_end),
@@ -812,54 +751,18 @@ impl TxFs {
         out
     }
 
-    /// The listing a READDIR at `offset` reads, whose view it is, and the
-    /// stream it belongs to when the directory has no handle (the shared
-    /// mount). A handle's listing is taken at its first read and kept, so
-    /// its cookies are positions.
-    fn dir_listing(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-    ) -> Result<(Option<TxId>, Listing, Option<StreamKey>), Errno> {
-        let handle = self.dirs.lock().get(&fh.0).cloned();
-        if let Some((tx, list)) = handle {
-            if let Some(list) = list {
-                return Ok((tx, list, None));
-            }
-            let list = self.engine.readdir(tx, self.obj(ino)).map_err(|e| errno(&e))?;
-            let list: Listing = Arc::new(list.into_iter().enumerate().map(|(i, e)| (i as u64 + 3, e)).collect());
-            if let Some(d) = self.dirs.lock().get_mut(&fh.0) {
-                d.1 = Some(list.clone());
-            }
-            return Ok((tx, list, None));
+    /// The listing behind directory handle `fh` (taken at its first read,
+    /// so offsets stay stable), and whose view it is.
+    fn dir_listing(&self, ino: INodeNo, fh: FileHandle) -> Result<(Option<TxId>, Arc<Vec<DirEntry>>), Errno> {
+        let Some((tx, list)) = self.dirs.lock().get(&fh.0).cloned() else { return Err(Errno::EBADF) };
+        if let Some(list) = list {
+            return Ok((tx, list));
         }
-        if self.view.is_some() {
-            return Err(Errno::EBADF);
+        let list = Arc::new(self.engine.readdir(tx, self.obj(ino)).map_err(|e| errno(&e))?);
+        if let Some(d) = self.dirs.lock().get_mut(&fh.0) {
+            d.1 = Some(list.clone());
         }
-        let tx = self.tx(req);
-        let key = (req.pid(), tx, ino.0);
-        if offset != 0 {
-            if let Some(list) = self.streams.lock().map.get(&key).cloned() {
-                return Ok((tx, list, Some(key)));
-            }
-        }
-        let list = self.engine.readdir(tx, self.obj(ino)).map_err(|e| errno(&e))?;
-        let mut list: Vec<(u64, DirEntry)> = list.into_iter().map(|e| (name_cookie(&e.name), e)).collect();
-        list.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
-        let list = Arc::new(list);
-        self.streams.lock().put(key, list.clone());
-        Ok((tx, list, Some(key)))
-    }
-
-    /// A stream whose READDIR found nothing more has ended.
-    fn stream_read(&self, stream: Option<StreamKey>, sent: usize, offset: u64) {
-        if let Some(key) = stream {
-            if sent == 0 && offset >= 2 {
-                self.streams.lock().end(&key);
-            }
-        }
+        Ok((tx, list))
     }
 
     /// The object, O_APPEND and batch flag of handle `fh` — or, in a view, of a file
@@ -1497,43 +1400,33 @@ impl Filesystem for TxFs {
         }
     }
 
-    /// The shared mount answers ENOSYS: the kernel then opens every
-    /// directory itself, with no OPENDIR and no RELEASEDIR (fh 0), for the
-    /// rest of the connection. The client libraries open the mount root for
-    /// every transaction (their ioctls go there), so that is two round trips
-    /// per transaction saved; READDIR resumes by name cookie instead
-    /// ([`Streams`]). A transaction view keeps handles: its listings are
-    /// READDIRPLUS snapshots.
     fn opendir(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if self.view.is_none() {
-            return reply.error(Errno::ENOSYS);
-        }
         let tx = self.tx(req);
         let fh = self.new_fh();
         self.dirs.lock().insert(fh, (tx, None));
         reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
-    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let (tx, list, stream) = match self.dir_listing(req, ino, fh, offset) {
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let (tx, list) = match self.dir_listing(ino, fh) {
             Ok(l) => l,
             Err(e) => return reply.error(e),
         };
-        if offset < 1 && reply.add(ino, 1, FileType::Directory, ".") {
-            return reply.ok();
-        }
-        if offset < 2 && reply.add(ino, 2, FileType::Directory, "..") {
-            return reply.ok();
-        }
-        let start = list.partition_point(|(c, _)| *c <= offset);
-        let mut sent = 0;
-        for (c, e) in &list[start..] {
-            if reply.add(INodeNo(self.node_id(tx, e.obj, e.kind)), *c, kind(e.kind), &e.name) {
+        let mut i = offset as usize;
+        loop {
+            let full = match i {
+                0 => reply.add(ino, 1, FileType::Directory, "."),
+                1 => reply.add(ino, 2, FileType::Directory, ".."),
+                _ => match list.get(i - 2) {
+                    Some(e) => reply.add(INodeNo(self.node_id(tx, e.obj, e.kind)), i as u64 + 1, kind(e.kind), &e.name),
+                    None => break,
+                },
+            };
+            if full {
                 break;
             }
-            sent += 1;
+            i += 1;
         }
-        self.stream_read(stream, sent, offset);
         reply.ok();
     }
 
@@ -1542,8 +1435,8 @@ impl Filesystem for TxFs {
     /// that lists a directory and then stats or opens every name in it (git
     /// add, find, rsync) costs no LOOKUP per name. Each entry the kernel
     /// links counts as a lookup of its node, like a LOOKUP reply.
-    fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let (tx, list, stream) = match self.dir_listing(req, ino, fh, offset) {
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let (tx, list) = match self.dir_listing(ino, fh) {
             Ok(l) => l,
             Err(e) => return reply.error(e),
         };
@@ -1552,34 +1445,35 @@ impl Filesystem for TxFs {
             Ok(a) => FileAttr { ino, ..fattr(&a) },
             Err(e) => return reply.error(errno(&e)),
         };
-        // The kernel links no entry for "." and "..": their attributes are
-        // only filler.
-        if offset < 1 && reply.add(ino, 1, ".", &TTL, &here, Generation(0)) {
-            return reply.ok();
-        }
-        if offset < 2 && reply.add(ino, 2, "..", &TTL, &here, Generation(0)) {
-            return reply.ok();
-        }
-        let start = list.partition_point(|(c, _)| *c <= offset);
-        let mut sent = 0;
-        for (c, e) in &list[start..] {
-            let full = match self.engine.getattr(tx, e.obj) {
-                Ok(a) => {
-                    let fa = self.entry_attr(tx, &a);
-                    self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.add(fa.ino, *c, &e.name, ttl, &fa, Generation(0)))
-                }
-                // Gone since the listing was taken: left out (fuser takes the
-                // entry's node id and type from the attributes, so there is
-                // no "plain" entry to send).
-                Err(err) if matches!(err.errno(), libc::ENOENT | libc::ESTALE) => continue,
-                Err(err) => return reply.error(errno(&err)),
+        let mut i = offset as usize;
+        loop {
+            // The kernel links no entry for "." and "..": their attributes
+            // are only filler.
+            let full = match i {
+                0 => reply.add(ino, 1, ".", &TTL, &here, Generation(0)),
+                1 => reply.add(ino, 2, "..", &TTL, &here, Generation(0)),
+                _ => match list.get(i - 2) {
+                    Some(e) => match self.engine.getattr(tx, e.obj) {
+                        Ok(a) => {
+                            let fa = self.entry_attr(tx, &a);
+                            self.gate.reply(tx, fa.ino.0, ticket, |ttl| {
+                                reply.add(fa.ino, i as u64 + 1, &e.name, ttl, &fa, Generation(0))
+                            })
+                        }
+                        // Gone since the listing was taken: left out (fuser
+                        // takes the entry's node id and type from the
+                        // attributes, so there is no "plain" entry to send).
+                        Err(err) if matches!(err.errno(), libc::ENOENT | libc::ESTALE) => false,
+                        Err(err) => return reply.error(errno(&err)),
+                    },
+                    None => break,
+                },
             };
             if full {
                 break;
             }
-            sent += 1;
+            i += 1;
         }
-        self.stream_read(stream, sent, offset);
         reply.ok();
     }
 
