@@ -751,11 +751,18 @@ impl TxFs {
         out
     }
 
-    /// The listing behind directory handle `fh` (taken at its first read,
-    /// so offsets stay stable), and whose view it is.
-    fn dir_listing(&self, ino: INodeNo, fh: FileHandle) -> Result<(Option<TxId>, Arc<Vec<DirEntry>>), Errno> {
+    /// The listing behind directory handle `fh` (taken at a read from
+    /// offset 0 — the first, or after rewinddir/seek to 0, which must see
+    /// the directory as it is now — and kept for the reads that follow, so
+    /// offsets stay stable), and whose view it is.
+    fn dir_listing(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+    ) -> Result<(Option<TxId>, Arc<Vec<DirEntry>>), Errno> {
         let Some((tx, list)) = self.dirs.lock().get(&fh.0).cloned() else { return Err(Errno::EBADF) };
-        if let Some(list) = list {
+        if let Some(list) = list.filter(|_| offset != 0) {
             return Ok((tx, list));
         }
         let list = Arc::new(self.engine.readdir(tx, self.obj(ino)).map_err(|e| errno(&e))?);
@@ -1408,7 +1415,7 @@ impl Filesystem for TxFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let (tx, list) = match self.dir_listing(ino, fh) {
+        let (tx, list) = match self.dir_listing(ino, fh, offset) {
             Ok(l) => l,
             Err(e) => return reply.error(e),
         };
@@ -1436,7 +1443,7 @@ impl Filesystem for TxFs {
     /// add, find, rsync) costs no LOOKUP per name. Each entry the kernel
     /// links counts as a lookup of its node, like a LOOKUP reply.
     fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let (tx, list) = match self.dir_listing(ino, fh) {
+        let (tx, list) = match self.dir_listing(ino, fh, offset) {
             Ok(l) => l,
             Err(e) => return reply.error(e),
         };

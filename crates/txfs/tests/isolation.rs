@@ -658,3 +658,154 @@ fn attributes_cached_before_a_transaction_do_not_hide_its_reads() {
     }
     assert_eq!(m.live_txs(), 0);
 }
+
+// ---- listings and the kernel's readdir cache --------------------------------
+//
+// A daemon that answered OPENDIR with ENOSYS (to save two round trips per
+// client transaction) made the kernel open directories with
+// FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE: one cached listing per directory,
+// served to every reader and checked only against mtime and i_version.
+// These fail against that build (DESIGN §9, "Directories keep handles").
+
+/// Every name of the directory open at `fd`, read from offset 0 (as
+/// rewinddir does), sorted.
+fn ls_fd(fd: libc::c_int) -> Vec<String> {
+    // SAFETY: our descriptor.
+    unsafe { libc::lseek(fd, 0, libc::SEEK_SET) };
+    let mut out = Vec::new();
+    let mut b = vec![0u8; 32768];
+    loop {
+        // SAFETY: `b` is writable for its length.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, b.as_mut_ptr(), b.len()) };
+        assert!(n >= 0, "getdents64: {}", std::io::Error::last_os_error());
+        if n == 0 {
+            break;
+        }
+        let mut at = 0usize;
+        while at < n as usize {
+            let reclen = u16::from_ne_bytes([b[at + 16], b[at + 17]]) as usize;
+            let name = &b[at + 19..at + reclen];
+            let name = &name[..name.iter().position(|&c| c == 0).unwrap_or(name.len())];
+            let name = String::from_utf8_lossy(name).into_owned();
+            if name != "." && name != ".." {
+                out.push(name);
+            }
+            at += reclen;
+        }
+    }
+    out.sort();
+    out
+}
+
+fn open_dir(p: &Path) -> libc::c_int {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    assert!(fd >= 0, "open {}: {}", p.display(), std::io::Error::last_os_error());
+    fd
+}
+
+/// A plain thread's open directory, rewound after a transaction listed the
+/// directory, must not get the transaction's uncommitted name — during the
+/// transaction or after its abort.
+#[test]
+fn a_rewound_plain_descriptor_never_lists_a_live_transactions_name() {
+    let m = Mount::with_backing(|b| {
+        std::fs::create_dir(b.join("d")).unwrap();
+        std::fs::write(b.join("d/a"), "").unwrap();
+    });
+    let fd = open_dir(&m.path("d"));
+    let other = |fd: libc::c_int| std::thread::spawn(move || ls_fd(fd)).join().unwrap();
+    assert_eq!(other(fd), ["a"]);
+    m.begin().unwrap();
+    std::fs::write(m.path("d/secret"), "").unwrap();
+    assert_eq!(names(&m.path("d")), ["a", "secret"]);
+    let during = other(fd);
+    m.abort().unwrap();
+    let after = other(fd);
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    assert_eq!(during, ["a"], "a plain thread saw the transaction's uncommitted name");
+    assert_eq!(after, ["a"], "after the abort");
+}
+
+/// A transaction that puts the directory's mtime back after creating in it
+/// (rsync -t, tar, shutil.copystat do) and lists it: a plain listing by
+/// another thread (glibc's opendir fstat()s first) must not see the name.
+#[test]
+fn a_plain_listing_never_sees_a_live_transactions_name_after_it_restores_the_mtime() {
+    let m = Mount::with_backing(|b| {
+        std::fs::create_dir(b.join("d")).unwrap();
+        std::fs::write(b.join("d/a"), "").unwrap();
+    });
+    let other = |p: std::path::PathBuf| std::thread::spawn(move || names(&p)).join().unwrap();
+    assert_eq!(other(m.path("d")), ["a"]);
+    let md = std::fs::metadata(m.path("d")).unwrap();
+    m.begin().unwrap();
+    std::fs::write(m.path("d/secret"), "").unwrap();
+    let f = File::open(m.path("d")).unwrap();
+    f.set_modified(md.modified().unwrap()).unwrap();
+    drop(f);
+    assert_eq!(names(&m.path("d")), ["a", "secret"]);
+    let during = other(m.path("d"));
+    m.abort().unwrap();
+    let after = other(m.path("d"));
+    assert_eq!(during, ["a"], "a plain listing saw the transaction's uncommitted name");
+    assert_eq!(after, ["a"], "after the abort");
+}
+
+/// A listing a transaction reads must enter its read set even when another
+/// process listed the directory just before: a plain create there afterwards
+/// makes its commit lose.
+#[test]
+fn a_listing_read_after_someone_elses_is_still_validated_at_commit() {
+    let m = Mount::with_backing(|b| {
+        std::fs::create_dir(b.join("d")).unwrap();
+        std::fs::write(b.join("d/a"), "").unwrap();
+    });
+    m.begin().unwrap();
+    let fd = open_dir(&m.path("d"));
+    let other = |fd: libc::c_int| std::thread::spawn(move || ls_fd(fd)).join().unwrap();
+    let ofd = std::thread::spawn({
+        let p = m.path("d");
+        move || open_dir(&p)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(other(ofd), ["a"]);
+    let n = ls_fd(fd).len();
+    std::thread::spawn({
+        let p = m.path("d/y");
+        move || std::fs::write(p, "").unwrap()
+    })
+    .join()
+    .unwrap();
+    std::fs::write(m.path("summary"), format!("d had {n}")).unwrap();
+    let r = m.commit();
+    let _ = m.abort();
+    // SAFETY: our descriptors.
+    unsafe {
+        libc::close(fd);
+        libc::close(ofd);
+    }
+    assert_errno(r, libc::EDEADLK, "commit of a transaction whose listing was overtaken");
+}
+
+/// rewinddir (a read from offset 0 again) shows the directory as it is now:
+/// after a commit, its names.
+#[test]
+fn a_rewound_descriptor_lists_what_a_commit_added() {
+    let m = Mount::with_backing(|b| {
+        std::fs::create_dir(b.join("d")).unwrap();
+        std::fs::write(b.join("d/a"), "").unwrap();
+    });
+    let mut agent = Agent::spawn(m.mnt());
+    const LS_FD: &str = "os.lseek(dfd, 0, 0); out = sorted(n for n in os.listdir(dfd))";
+    agent.ok("dfd = os.open(M + '/d', os.O_RDONLY | os.O_DIRECTORY); out = 0");
+    m.begin().unwrap();
+    std::fs::write(m.path("d/x"), "").unwrap();
+    assert_eq!(agent.ok(LS_FD), json!(["a"]));
+    m.commit().unwrap();
+    assert_eq!(agent.ok(LS_FD), json!(["a", "x"]), "rewinddir after the commit");
+}

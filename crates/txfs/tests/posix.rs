@@ -703,10 +703,9 @@ fn open_dir(p: &Path) -> libc::c_int {
     fd
 }
 
-/// The shared mount's directories have no handles: a listing read in many
-/// small pieces resumes after the last name it gave. Entries removed and
-/// added meanwhile (among them the ones just read, as `rm -r` does) must not
-/// make it skip or repeat anything that was there throughout.
+/// A listing read in many small pieces: entries removed and added meanwhile
+/// (among them the ones just read, as `rm -r` does) must not make it skip or
+/// repeat anything that was there throughout.
 #[test]
 fn a_listing_read_in_pieces_survives_removals_and_additions() {
     const N: usize = 3000;
@@ -768,8 +767,8 @@ fn a_listing_read_in_pieces_survives_removals_and_additions() {
     assert_eq!(left, want);
 }
 
-/// telldir/seekdir and rewinddir on a handle-less directory: a position
-/// taken mid-listing reads the same names again; a rewind reads all of them.
+/// telldir/seekdir and rewinddir: a position taken mid-listing reads the
+/// same names again; a rewind reads all of them.
 #[test]
 fn seekdir_and_rewinddir_return_to_the_same_names() {
     let m = Mount::start_with(&[], |b| {
