@@ -25,6 +25,7 @@ import struct
 import subprocess
 import sys
 import time
+import re
 import resource
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -550,6 +551,13 @@ def w8(ctx: Ctx) -> None:
                 tc, _ = per_op(res["txfs"])
                 extra = {"pt_ratio": pb / pp, "vs_pt": pp / tc}
             add_row(ctx, "W8", label, res, "native", "txfs", target, ttext, "—", unit=unit, extra=extra)
+        # What a live transaction costs everyone else: while any is live the
+        # mount answers uncached (the cache gate, DESIGN §9) — here a root
+        # `txfs run` idling beside plain creates and unlinks.
+        argv = drv(ctx, "createunlink1", "native", dirs["txfs"], c["files"])
+        res = compare(ctx, {"txfs": lambda: trial(ctx, argv), "beside-run": lambda: beside_live_run(ctx, argv)})
+        add_row(ctx, "W8", f"create + unlink of {c['files']} files beside a live `txfs run` (vs none)", res,
+                "txfs", "beside-run", None, "—", "—")
     finally:
         if pt:
             sh("fusermount3", "-u", ctx.pt_mnt, check=False)
@@ -557,6 +565,37 @@ def w8(ctx: Ctx) -> None:
                 pt.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pt.kill()
+
+
+def live_txs(ctx: Ctx) -> int:
+    out = subprocess.run([ctx.txfs, "status", ctx.mnt], capture_output=True, text=True).stdout
+    m = re.search(r"live_txs\s+(\d+)", out)
+    return int(m.group(1)) if m else -1
+
+
+def wait_live(ctx: Ctx, want_any: bool) -> None:
+    deadline = time.monotonic() + 20
+    while (live_txs(ctx) > 0) != want_any:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"txfs status never showed {'a' if want_any else 'no'} live transaction")
+        time.sleep(0.05)
+
+
+def beside_live_run(ctx: Ctx, argv: list) -> dict:
+    """`argv` measured while `txfs run -- sleep` holds a transaction open (it changes nothing; killed after)."""
+    run = subprocess.Popen([ctx.txfs, "run", "--mount", ctx.mnt, "--", "sleep", "3600"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_live(ctx, True)
+        return trial(ctx, argv)
+    finally:
+        run.terminate()
+        try:
+            run.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+        wait_live(ctx, False)
 
 
 def w9(ctx: Ctx) -> None:
