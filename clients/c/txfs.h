@@ -98,6 +98,20 @@ struct txfs_ioc_begin_state {
                                 this begin (a `txfs run`'s too), 0: none */
 };
 
+/* TXFS_IOC_BEGIN_FILE: TXFS_IOC_BEGIN_STATE issued on a regular file, also
+ * answering what the new transaction sees of that file — its size and bytes
+ * 24..40 (SQLite's file change counter), both in the transaction's read set
+ * as if read — so a SQLite transaction's first two requests need no round
+ * trip. Daemons before 2026-11-24 (evening) answer ENOTTY. */
+struct txfs_ioc_begin_file {
+    struct txfs_ioc_begin_state bs; /* in/out: as TXFS_IOC_BEGIN_STATE */
+    uint64_t size;                  /* out: the file's size */
+    unsigned char head[16];         /* out: its bytes 24..40 */
+    uint32_t file_valid;            /* out: 1 if size and head are set (a
+                                       regular file of at least 40 bytes) */
+    uint32_t reserved;
+};
+
 /* TXFS_IOC_COMMIT_IF: commit (leave one level) only if the calling thread's
  * transaction is `tx`; ESTALE otherwise, changing nothing. */
 struct txfs_ioc_commit_if {
@@ -128,6 +142,7 @@ struct txfs_ioc_commit_if {
 #define TXFS_IOC_STATUS _IOR(TXFS_IOC_MAGIC, 6, struct txfs_ioc_status)
 #define TXFS_IOC_STATE _IOR(TXFS_IOC_MAGIC, 7, struct txfs_ioc_state)
 #define TXFS_IOC_BEGIN_STATE _IOWR(TXFS_IOC_MAGIC, 8, struct txfs_ioc_begin_state)
+#define TXFS_IOC_BEGIN_FILE _IOWR(TXFS_IOC_MAGIC, 11, struct txfs_ioc_begin_file)
 #define TXFS_IOC_COMMIT_IF _IOW(TXFS_IOC_MAGIC, 9, struct txfs_ioc_commit_if)
 #define TXFS_IOC_BATCH _IOW(TXFS_IOC_MAGIC, 10, struct txfs_ioc_flags)
 

@@ -87,6 +87,15 @@
  *     of the deferred pwrite
  *     is reported by the call that sent it (a conflict as V1 says, so the
  *     commit fails and SQLite rolls back).
+ * V10 A SQLite transaction's first two requests are its cache check (the
+ *     16 bytes at offset 24) and the file size. With daemons that have
+ *     TXFS_IOC_BEGIN_FILE the level's begin, issued on the database's
+ *     descriptor, answers both as the new transaction sees them (the daemon
+ *     reads them in it, so they are in its read set as the READ and GETATTR
+ *     would be); the VFS hands each out once, to the level's first read of
+ *     exactly those 16 bytes and its first size query, and forgets both at
+ *     any other read, any write or truncate, and the level's end. Older
+ *     daemons answer ENOTTY and the VFS uses TXFS_IOC_BEGIN_STATE (V7).
  */
 #define _GNU_SOURCE
 #include <sqlite3ext.h>
@@ -135,6 +144,11 @@ typedef struct TxfsFile {
     uint64_t level_tx;     /* the transaction of the current level (0: unknown) */
     int v7;                /* this file's daemon has BEGIN_STATE and COMMIT_IF:
                               -1 not known yet, 0 no, 1 yes */
+    int v10;               /* ... and BEGIN_FILE: -1 not known yet, 0 no, 1 yes */
+    int pre_head_ok;       /* V10: pre_head is bytes 24..40 as the level began */
+    int pre_size_ok;       /* V10: pre_size is the size as the level began */
+    unsigned char pre_head[16];
+    sqlite3_int64 pre_size;
     unsigned char vers[16];
     int no_sidecars;        /* V8: registered in `quiet` */
     int bfd;                /* V9: the batch descriptor, -1: none */
@@ -322,11 +336,32 @@ static void judge_stale(TxfsFile *f, uint64_t now_tx, uint64_t last_tx, int last
 static int level_begin(TxfsFile *f)
 {
     tls_sync();
+    f->pre_head_ok = f->pre_size_ok = 0;
     if (f->v7 != 0) {
         struct txfs_ioc_begin_state bs;
         memset(&bs, 0, sizeof bs);
         bs.last_tx = f->stale_tx; /* how did it end? (0: nothing to ask) */
-        int e = ioc(f->fd, TXFS_IOC_BEGIN_STATE, &bs);
+        int e = ENOTTY;
+        if (f->v10 != 0) {
+            /* V10: the begin also answers the size and the change counter. */
+            struct txfs_ioc_begin_file bf;
+            memset(&bf, 0, sizeof bf);
+            bf.bs = bs;
+            e = ioc(f->fd, TXFS_IOC_BEGIN_FILE, &bf);
+            if (e == 0) {
+                f->v10 = 1;
+                bs = bf.bs;
+                if (bf.file_valid) {
+                    memcpy(f->pre_head, bf.head, 16);
+                    f->pre_size = (sqlite3_int64)bf.size;
+                    f->pre_head_ok = f->pre_size_ok = 1;
+                }
+            } else if (e == ENOTTY || e == EINVAL || e == ENOSYS) {
+                f->v10 = 0; /* a daemon without it */
+            }
+        }
+        if (f->v10 == 0)
+            e = ioc(f->fd, TXFS_IOC_BEGIN_STATE, &bs);
         if (e == 0) {
             f->v7 = 1;
             note_prior(bs.prior_tx);
@@ -371,12 +406,14 @@ static void abort_all(TxfsFile *f)
 {
     (void)ioc_flags(f->fd, TXFS_IOC_ABORT, 0);
     f->in_level = 0;
+    f->pre_head_ok = f->pre_size_ok = 0;
     tls_forget();
 }
 
 /* End this file's level. commit: a write transaction's commit point (V1). */
 static int level_end(TxfsFile *f, int commit)
 {
+    f->pre_head_ok = f->pre_size_ok = 0;
     if (!f->in_level)
         return commit ? TXFS_SQLITE_CONFLICT : SQLITE_OK;
     tls_sync();
@@ -480,8 +517,14 @@ static int ensure_level(TxfsFile *f)
         return rc;
     if (f->have_vers) {
         unsigned char now[16];
-        int got = 0;
-        int e = read_full(f->fd, now, 16, 24, &got);
+        int got = 0, e = 0;
+        if (f->pre_head_ok) {
+            memcpy(now, f->pre_head, 16); /* V10 */
+            f->pre_head_ok = 0;
+            got = 16;
+        } else {
+            e = read_full(f->fd, now, 16, 24, &got);
+        }
         if (e || got != 16 || memcmp(now, f->vers, 16) != 0) {
             (void)level_end(f, 0);
             return TXFS_SQLITE_CONFLICT;
@@ -650,9 +693,17 @@ static int txfs_read(sqlite3_file *pf, void *buf, int amt, sqlite3_int64 off)
     if (rc != SQLITE_OK)
         return rc;
     int got = 0;
-    int e = read_full(f->fd, buf, amt, off, &got);
-    if (e)
-        return map_errno(f, e, SQLITE_IOERR_READ);
+    if (f->pre_head_ok && off == 24 && amt == 16) {
+        /* V10: the pager's cache check right after the begin. */
+        memcpy(buf, f->pre_head, 16);
+        f->pre_head_ok = 0;
+        got = 16;
+    } else {
+        f->pre_head_ok = 0; /* only ever the first read of the level */
+        int e = read_full(f->fd, buf, amt, off, &got);
+        if (e)
+            return map_errno(f, e, SQLITE_IOERR_READ);
+    }
     if (got < amt) {
         memset((char *)buf + got, 0, (size_t)(amt - got));
         return SQLITE_IOERR_SHORT_READ;
@@ -679,6 +730,7 @@ static int txfs_write(sqlite3_file *pf, const void *buf, int amt, sqlite3_int64 
     if (rc != SQLITE_OK)
         return rc;
     f->wrote = 1;
+    f->pre_head_ok = f->pre_size_ok = 0;
     note_vers(f, buf, amt, off);
     if (f->nrec > 0 && gather(f, buf, amt, off))
         return SQLITE_OK;
@@ -709,6 +761,7 @@ static int txfs_truncate(sqlite3_file *pf, sqlite3_int64 size)
      * own; a file longer than its header's page count is valid SQLite. */
     if (level_valid(f))
         f->wrote = 1;
+    f->pre_head_ok = f->pre_size_ok = 0;
     if ((rc = flush_run(f)) != SQLITE_OK)
         return rc;
     if (ftruncate(f->fd, (off_t)size) != 0)
@@ -733,6 +786,12 @@ static int txfs_file_size(sqlite3_file *pf, sqlite3_int64 *size)
         rc = flush_run(f);
     if (rc != SQLITE_OK)
         return rc;
+    if (f->pre_size_ok) {
+        /* V10: the size as the level began (nothing written since). */
+        f->pre_size_ok = 0;
+        *size = f->pre_size;
+        return SQLITE_OK;
+    }
     struct stat st;
     if (fstat(f->fd, &st) != 0)
         return map_errno(f, errno, SQLITE_IOERR_FSTAT);
@@ -922,6 +981,8 @@ static int txfs_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *pf, int f
     f->fd = -1;
     f->bfd = -1;
     f->v7 = -1;
+    f->v10 = -1;
+    f->pre_head_ok = f->pre_size_ok = 0;
     int oflags = O_CLOEXEC | O_NOFOLLOW;
     if (flags & SQLITE_OPEN_READWRITE)
         oflags |= O_RDWR;

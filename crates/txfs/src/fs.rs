@@ -810,16 +810,16 @@ impl TxFs {
 
     /// Runs one ioctl; returns the reply data and the files whose cached
     /// pages must go before the reply.
-    fn ioctl_cmd(&self, req: &Request, cmd: u32, data: &[u8]) -> Result<(Vec<u8>, Vec<ObjId>), Errno> {
+    fn ioctl_cmd(&self, req: &Request, ino: INodeNo, cmd: u32, data: &[u8]) -> Result<(Vec<u8>, Vec<ObjId>), Errno> {
         let tid = req.pid();
         let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
         match cmd {
-            ioctl::BEGIN | ioctl::BEGIN_STATE => {
+            ioctl::BEGIN | ioctl::BEGIN_STATE | ioctl::BEGIN_FILE => {
                 // BEGIN_STATE only, before the begin: how the caller's
                 // transaction of its own that it asks about (0: its last)
                 // ended, and the transaction it was in (a `txfs run` tree's
                 // or view's too, which it joins at depth 1 without owning).
-                let before = (cmd == ioctl::BEGIN_STATE).then(|| {
+                let before = (cmd != ioctl::BEGIN).then(|| {
                     let ask = ioctl::u64_at(data, 16);
                     let last = self.txs.outcome(tid, (ask != 0).then_some(TxId(ask)));
                     (last, self.view.or(self.state_of(tid).0))
@@ -842,6 +842,27 @@ impl TxFs {
                 if let Some((tx, committed)) = last {
                     out[12..16].copy_from_slice(&u32::from(committed).to_le_bytes());
                     out[16..24].copy_from_slice(&tx.0.to_le_bytes());
+                }
+                if cmd == ioctl::BEGIN_FILE {
+                    // struct txfs_ioc_begin_file: then size, bytes 24..40 and
+                    // whether they are there (a regular file at least 40
+                    // bytes long, read without error). Read in the new
+                    // transaction, so both are in its read set, exactly as
+                    // the GETATTR and READ they replace would be.
+                    out.resize(64, 0);
+                    let tx = self.tx(req);
+                    let o = self.obj(ino);
+                    if let Ok(a) = self.engine.getattr(tx, o) {
+                        if a.kind == FileKind::File && a.size >= 40 {
+                            if let Ok(head) = self.engine.read(tx, o, 24, 16) {
+                                if head.len() == 16 {
+                                    out[32..40].copy_from_slice(&a.size.to_le_bytes());
+                                    out[40..56].copy_from_slice(&head);
+                                    out[56..60].copy_from_slice(&1u32.to_le_bytes());
+                                }
+                            }
+                        }
+                    }
                 }
                 Ok((out, Vec::new()))
             }
@@ -1634,7 +1655,7 @@ impl Filesystem for TxFs {
                 None => reply.error(Errno::EINVAL),
             };
         }
-        match self.ioctl_cmd(req, cmd, in_data) {
+        match self.ioctl_cmd(req, _ino, cmd, in_data) {
             Ok((out, inval)) => self.after(inval, move || reply.ioctl(0, &out)),
             Err(e) => reply.error(e),
         }

@@ -33,6 +33,11 @@ pub const COMMIT_IF: u32 = iow(9, 16);
 /// Issued on a file opened for writing: every WRITE through that descriptor
 /// is a batch of writes to its file (`struct txfs_ioc_flags`, 8 bytes).
 pub const BATCH: u32 = iow(10, 8);
+/// BEGIN_STATE issued on a regular file, also answering what the caller's
+/// transaction now sees of that file: its size and bytes 24..40 (SQLite's
+/// file change counter), both entering the read set as if read
+/// (`struct txfs_ioc_begin_file`, 64 bytes).
+pub const BEGIN_FILE: u32 = iowr(11, 64);
 
 pub const COMMIT_ORDERED: u32 = 0x1;
 

@@ -215,3 +215,73 @@ fn a_batch_descriptor_applies_several_writes_in_one_request_or_none() {
     assert_eq!(b.write_at(&out, 0).unwrap_err().raw_os_error(), Some(libc::EINVAL));
     assert!(!std::fs::read(m.path("f")).unwrap().contains(&b'Z'));
 }
+
+const IOC_BEGIN_FILE: u32 = 0xc040_e70b;
+
+/// TXFS_IOC_BEGIN_FILE on `f`: `(tx, depth, size, bytes 24..40, file_valid)`.
+fn begin_file(f: &std::fs::File) -> (u64, u32, u64, Vec<u8>, u32) {
+    use std::os::unix::io::AsRawFd;
+    let mut b = [0u8; 64];
+    // SAFETY: an _IOWR command of 64 bytes on a 64-byte buffer.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), IOC_BEGIN_FILE as _, b.as_mut_ptr()) };
+    assert_eq!(r, 0, "BEGIN_FILE: {}", std::io::Error::last_os_error());
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    (u64_at(0), u32_at(8), u64_at(32), b[40..56].to_vec(), u32_at(56))
+}
+
+/// The SQLite VFS's V10: a begin issued on a file also answers that file's
+/// size and bytes 24..40 as the new transaction sees them, and both enter
+/// its read set (a plain change to either afterwards makes its commit lose).
+#[test]
+fn begin_file_answers_size_and_change_counter_and_reads_them_in_the_transaction() {
+    let m = Mount::start_with(&[], |b| {
+        let mut db = vec![b'.'; 100];
+        db[24..40].copy_from_slice(b"0123456789abcdef");
+        std::fs::write(b.join("db"), db).unwrap();
+        std::fs::write(b.join("short"), "0123456789").unwrap();
+    });
+    let mut agent = Agent::spawn(m.mnt());
+    let db = std::fs::File::open(m.path("db")).unwrap();
+
+    // Outside a transaction: it begins one and answers the committed file.
+    let (tx, depth, size, head, valid) = begin_file(&db);
+    assert!(tx != 0 && depth == 1 && valid == 1, "tx {tx} depth {depth} valid {valid}");
+    assert_eq!((size, head.as_slice()), (100, &b"0123456789abcdef"[..]));
+    // The bytes were read in it: a plain write to them makes the commit lose.
+    std::fs::write(m.path("mine"), "m").unwrap();
+    agent.ok("fd = os.open(M + '/db', os.O_WRONLY); os.pwrite(fd, b'XY', 30); os.close(fd); out = 0");
+    assert_errno(m.commit(), libc::EDEADLK, "commit after the change counter it read was overwritten");
+    let _ = m.abort();
+
+    // The size too: a plain append past byte 40 makes the commit lose.
+    let (_, _, size, _, valid) = begin_file(&db);
+    assert_eq!((size, valid), (100, 1));
+    std::fs::write(m.path("mine"), "m").unwrap();
+    agent.ok("fd = os.open(M + '/db', os.O_WRONLY | os.O_APPEND); os.write(fd, b'tail'); os.close(fd); out = 0");
+    assert_errno(m.commit(), libc::EDEADLK, "commit after the size it read changed");
+    let _ = m.abort();
+
+    // Nested in a transaction that wrote the file: its own view.
+    m.begin().unwrap();
+    let w = std::fs::OpenOptions::new().write(true).open(m.path("db")).unwrap();
+    use std::os::unix::fs::FileExt;
+    w.write_all_at(b"ZZZZZZZZZZZZZZZZ", 24).unwrap();
+    w.write_all_at(b"end", 197).unwrap();
+    let (_, depth, size, head, valid) = begin_file(&db);
+    assert_eq!((depth, size, head.as_slice(), valid), (2, 200, &b"ZZZZZZZZZZZZZZZZ"[..], 1));
+    // Outside, nothing of it.
+    assert_eq!(agent.ok("out = os.stat(M + '/db').st_size"), 104);
+    m.abort().unwrap();
+
+    // Not there: a file shorter than 40 bytes, or a directory.
+    let short = std::fs::File::open(m.path("short")).unwrap();
+    let (_, _, _, _, valid) = begin_file(&short);
+    assert_eq!(valid, 0, "a 10-byte file has no bytes 24..40");
+    m.abort().unwrap();
+    let root = std::fs::File::open(m.mnt()).unwrap();
+    let (_, depth, _, _, valid) = begin_file(&root);
+    assert_eq!((depth, valid), (1, 0), "a directory");
+    m.abort().unwrap();
+    assert_eq!(m.live_txs(), 0);
+}
