@@ -49,7 +49,9 @@
  * V5  A commit that only left a nested level (the application's transaction
  *     decides) may still be aborted; SQLite believes it committed and keeps
  *     its pages and change counter, which another writer may reach too (the
- *     counter is then no proof of freshness). So after such a commit the next
+ *     counter is then no proof of freshness). The same holds for a level
+ *     that only read inside such a transaction: it may have cached another
+ *     connection's uncommitted pages. So after such a commit the next
  *     cache check of the pager (its 16-byte read at offset 24 on taking the
  *     SHARED lock) is answered with a counter that differs from the one it
  *     holds: the pager drops its cache and re-reads — unless the daemon
@@ -434,11 +436,14 @@ static int level_end(TxfsFile *f, int commit)
     f->in_level = 0;
     tls.levels--;
     if (tls.app || tls.levels > 0) {
-        /* Leave one level; the outermost one decides (nested commit). */
-        if (commit) {
-            f->stale_cache = 1; /* V5 */
-            f->stale_tx = f->level_tx;
-        }
+        /* Leave one level; the outermost one decides (nested commit).
+         * V5, for readers too: a level nested in a transaction that may
+         * still abort has read that transaction's view, which may hold
+         * other connections' uncommitted pages. If it aborts and a later
+         * commit brings the change counter back to the value cached under
+         * (A-B-A), only this mark makes the pager drop those pages. */
+        f->stale_cache = 1;
+        f->stale_tx = f->level_tx;
         int e;
         if (tls.app && f->v7 == 1) {
             /* V7 (the level was begun through this file's daemon, which
