@@ -673,37 +673,15 @@ fn ls_fd(fd: libc::c_int) -> Vec<String> {
     // SAFETY: our descriptor.
     unsafe { libc::lseek(fd, 0, libc::SEEK_SET) };
     let mut out = Vec::new();
-    let mut b = vec![0u8; 32768];
     loop {
-        // SAFETY: `b` is writable for its length.
-        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, b.as_mut_ptr(), b.len()) };
-        assert!(n >= 0, "getdents64: {}", std::io::Error::last_os_error());
-        if n == 0 {
+        let names = getdents(fd, 32768);
+        if names.is_empty() {
             break;
         }
-        let mut at = 0usize;
-        while at < n as usize {
-            let reclen = u16::from_ne_bytes([b[at + 16], b[at + 17]]) as usize;
-            let name = &b[at + 19..at + reclen];
-            let name = &name[..name.iter().position(|&c| c == 0).unwrap_or(name.len())];
-            let name = String::from_utf8_lossy(name).into_owned();
-            if name != "." && name != ".." {
-                out.push(name);
-            }
-            at += reclen;
-        }
+        out.extend(names);
     }
     out.sort();
     out
-}
-
-fn open_dir(p: &Path) -> libc::c_int {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid C string.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-    assert!(fd >= 0, "open {}: {}", p.display(), std::io::Error::last_os_error());
-    fd
 }
 
 /// A plain thread's open directory, rewound after a transaction listed the

@@ -737,3 +737,36 @@ pub fn check_ok(out: &Output, what: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+// ---- raw directory reads (getdents64) ---------------------------------------
+
+/// One getdents64 call on `fd` with a `buf`-byte buffer: the names it gave
+/// (without "." and ".."); empty at the end.
+pub fn getdents(fd: libc::c_int, buf: usize) -> Vec<String> {
+    let mut b = vec![0u8; buf];
+    // SAFETY: `b` is writable for `buf` bytes.
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, b.as_mut_ptr(), buf) };
+    assert!(n >= 0, "getdents64: {}", std::io::Error::last_os_error());
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < n as usize {
+        let reclen = u16::from_ne_bytes([b[at + 16], b[at + 17]]) as usize;
+        let name = &b[at + 19..at + reclen];
+        let name = &name[..name.iter().position(|&c| c == 0).unwrap_or(name.len())];
+        let name = String::from_utf8_lossy(name).into_owned();
+        if name != "." && name != ".." {
+            out.push(name);
+        }
+        at += reclen;
+    }
+    out
+}
+
+pub fn open_dir(p: &Path) -> libc::c_int {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("no NUL in a path");
+    // SAFETY: a valid C string.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    assert!(fd >= 0, "open {}: {}", p.display(), std::io::Error::last_os_error());
+    fd
+}
