@@ -98,6 +98,17 @@
  *     exactly those 16 bytes and its first size query, and forgets both at
  *     any other read, any write or truncate, and the level's end. Older
  *     daemons answer ENOTTY and the VFS uses TXFS_IOC_BEGIN_STATE (V7).
+ * V11 A commit that freed pages ends with the pager truncating the file
+ *     (commit phase two, auto_vacuum and VACUUM), after the commit point.
+ *     Without locks another connection may have committed since, so the
+ *     truncate goes into a level of its own (the tail level) whose begin
+ *     finds the change counter this connection committed (V4's check: the
+ *     bytes enter its read set, so a commit racing the truncate makes it
+ *     conflict); it commits ORDERED at the unlock. If the counter differs,
+ *     or that commit fails, the truncate is skipped: a file longer than its
+ *     header's page count is valid SQLite, and the COMMIT, already made,
+ *     reports success. (Before V11 the truncate's level was aborted, so a
+ *     database never shrank.)
  */
 #define _GNU_SOURCE
 #include <sqlite3ext.h>
@@ -139,6 +150,7 @@ typedef struct TxfsFile {
     pid_t tid;             /* thread that began the level */
     int wrote;             /* wrote the file in the current write tx */
     int committed;         /* the current write tx committed (V1) */
+    int tail_skip;         /* V11: the shrink after this commit is skipped */
     int doomed;            /* saw EDEADLK in the current level */
     int have_vers;         /* vers holds the change counter last seen (V4) */
     int stale_cache;       /* V5: SQLite's cache may hold an aborted commit */
@@ -412,8 +424,9 @@ static void abort_all(TxfsFile *f)
     tls_forget();
 }
 
-/* End this file's level. commit: a write transaction's commit point (V1). */
-static int level_end(TxfsFile *f, int commit)
+/* End this file's level. commit: a write transaction's commit point (V1);
+ * flags: the outermost commit's (durable or TXFS_COMMIT_ORDERED). */
+static int level_end_as(TxfsFile *f, int commit, unsigned flags)
 {
     f->pre_head_ok = f->pre_size_ok = 0;
     if (!f->in_level)
@@ -470,7 +483,7 @@ static int level_end(TxfsFile *f, int commit)
         (void)ioc_flags(f->fd, TXFS_IOC_ABORT, 0);
         return SQLITE_OK;
     }
-    int e = ioc_flags(f->fd, TXFS_IOC_COMMIT, f->commit_flags);
+    int e = ioc_flags(f->fd, TXFS_IOC_COMMIT, flags);
     if (e == 0)
         return SQLITE_OK;
     /* A failed outermost commit has ended the transaction; make sure. */
@@ -482,6 +495,8 @@ static int level_end(TxfsFile *f, int commit)
         return SQLITE_FULL;
     return SQLITE_IOERR_FSYNC;
 }
+
+static int level_end(TxfsFile *f, int commit) { return level_end_as(f, commit, f->commit_flags); }
 
 static int read_full(int fd, void *buf, int amt, sqlite3_int64 off, int *got)
 {
@@ -536,6 +551,24 @@ static int ensure_level(TxfsFile *f)
         }
     }
     return SQLITE_OK;
+}
+
+/* V11: a level for the pager's truncate after the commit point, if it is
+ * safe: one whose begin finds the change counter this connection committed
+ * (ensure_level's V4 check; the bytes enter the level's read set, so a
+ * commit racing the truncate makes it conflict). 0: skip the truncate. */
+static int tail_level(TxfsFile *f)
+{
+    if (f->tail_skip)
+        return 0;
+    if (level_valid(f))
+        return 1;
+    if (!f->have_vers || ensure_level(f) != SQLITE_OK) {
+        f->tail_skip = 1;
+        return 0;
+    }
+    f->wrote = 0; /* the tail level's own writes */
+    return 1;
 }
 
 static int map_errno(TxfsFile *f, int e, int dflt)
@@ -704,7 +737,7 @@ static int txfs_read(sqlite3_file *pf, void *buf, int amt, sqlite3_int64 off)
         f->pre_head_ok = 0;
         got = 16;
     } else {
-        f->pre_head_ok = 0; /* only ever the first read of the level */
+        f->pre_head_ok = f->pre_size_ok = 0; /* only ever the level's first read */
         int e = read_full(f->fd, buf, amt, off, &got);
         if (e)
             return map_errno(f, e, SQLITE_IOERR_READ);
@@ -730,8 +763,12 @@ static int txfs_write(sqlite3_file *pf, const void *buf, int amt, sqlite3_int64 
 {
     TxfsFile *f = (TxfsFile *)pf;
     int rc = check_thread(f);
-    if (rc == SQLITE_OK && f->lock >= SQLITE_LOCK_SHARED)
+    if (rc == SQLITE_OK && f->committed) {
+        if (!tail_level(f))
+            return SQLITE_OK; /* V11: the pager's grow after the commit, skipped */
+    } else if (rc == SQLITE_OK && f->lock >= SQLITE_LOCK_SHARED) {
         rc = ensure_level(f);
+    }
     if (rc != SQLITE_OK)
         return rc;
     f->wrote = 1;
@@ -761,9 +798,11 @@ static int txfs_truncate(sqlite3_file *pf, sqlite3_int64 size)
     int rc = check_thread(f);
     if (rc != SQLITE_OK)
         return rc;
-    /* Inside a level: part of the transaction. After the commit (the
-     * pager's shrink in commit phase two): a plain truncate, atomic on its
-     * own; a file longer than its header's page count is valid SQLite. */
+    /* Inside a level: part of the transaction. After the commit point (the
+     * pager's shrink in commit phase two): in the tail level, or not at all
+     * (V11); a file longer than its header's page count is valid SQLite. */
+    if (f->committed && !tail_level(f))
+        return SQLITE_OK;
     if (level_valid(f))
         f->wrote = 1;
     f->pre_head_ok = f->pre_size_ok = 0;
@@ -785,7 +824,9 @@ static int txfs_file_size(sqlite3_file *pf, sqlite3_int64 *size)
 {
     TxfsFile *f = (TxfsFile *)pf;
     int rc = check_thread(f);
-    if (rc == SQLITE_OK && f->lock >= SQLITE_LOCK_SHARED)
+    if (rc == SQLITE_OK && f->committed)
+        (void)tail_level(f); /* V11: else the size outside any level */
+    else if (rc == SQLITE_OK && f->lock >= SQLITE_LOCK_SHARED)
         rc = ensure_level(f);
     if (rc == SQLITE_OK)
         rc = flush_run(f);
@@ -822,6 +863,7 @@ static int txfs_lock(sqlite3_file *pf, int level)
             return rc;
         f->wrote = 0;
         f->committed = 0;
+        f->tail_skip = 0;
     }
     if (level == SQLITE_LOCK_EXCLUSIVE) {
         if (!level_valid(f))
@@ -844,9 +886,18 @@ static int txfs_unlock(sqlite3_file *pf, int level)
          * whose own commit then fails with EDEADLK as it should (V2, V3). */
         if (!f->committed && f->wrote && level_valid(f) && !(tls.app && f->doomed))
             abort_all(f);
+        if (f->committed && level_valid(f)) {
+            /* V11: the tail level; a lost shrink is harmless, hence ORDERED,
+             * and a failed one leaves the file longer. */
+            if (flush_run(f) == SQLITE_OK)
+                (void)level_end_as(f, f->wrote, TXFS_COMMIT_ORDERED);
+            else
+                (void)level_end(f, 0);
+        }
         drop_run(f); /* unsent after the commit point: none; else aborted */
         f->committed = 0;
         f->wrote = 0;
+        f->tail_skip = 0;
     }
     if (level == SQLITE_LOCK_NONE)
         (void)level_end(f, 0);
@@ -910,8 +961,10 @@ static int txfs_file_control(sqlite3_file *pf, int op, void *arg)
             rc = flush_run(f);
         if (rc == SQLITE_OK)
             rc = level_end(f, 1);
-        if (rc == SQLITE_OK)
+        if (rc == SQLITE_OK) {
             f->committed = 1;
+            f->tail_skip = 0;
+        }
         return rc;
     }
     case SQLITE_FCNTL_PRAGMA:

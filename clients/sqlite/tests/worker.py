@@ -6,6 +6,11 @@ hold DB ROWS          BEGIN, insert ROWS rows, print "ready", then wait for
                       a line on stdin before COMMIT (the parent may kill it)
 commit-big DB MB      one transaction of MB megabytes; prints "committing"
                       right before COMMIT (the parent kills it meanwhile)
+churn DB N TABLE      N times: insert 50 rows of 2 KB into TABLE, commit,
+                      delete them, commit (with auto_vacuum=FULL each delete
+                      shrinks the file); retried on SQLITE_BUSY
+grow DB N FIRST       N one-row inserts into table u (keys from FIRST), each
+                      its own transaction, retried on SQLITE_BUSY; prints N
 """
 
 from __future__ import annotations
@@ -76,6 +81,34 @@ def commit_big(path: str, mb: int) -> None:
     print("committed", flush=True)
 
 
+def retry(conn: sqlite3.Connection, sql: str, args: tuple = ()) -> None:
+    tries = 0
+    while True:
+        try:
+            conn.execute(sql, args)
+            return
+        except sqlite3.OperationalError as e:
+            if not busy(e):
+                raise
+            tries += 1
+            time.sleep(random.uniform(0, 0.001 * min(tries, 10)))
+
+
+def churn(path: str, n: int, table: str) -> None:
+    conn = connect(path)
+    for _ in range(n):
+        retry(conn, f"WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < 50) "
+                    f"INSERT INTO {table} SELECT randomblob(2000) FROM k")
+        retry(conn, f"DELETE FROM {table}")
+
+
+def grow(path: str, n: int, first: int) -> None:
+    conn = connect(path)
+    for i in range(first, first + n):
+        retry(conn, "INSERT INTO u VALUES (?, randomblob(3000))", (i,))
+    print(n, flush=True)
+
+
 if __name__ == "__main__":
     cmd, path = sys.argv[1], sys.argv[2]
     if cmd == "counter":
@@ -84,5 +117,9 @@ if __name__ == "__main__":
         hold(path, int(sys.argv[3]))
     elif cmd == "commit-big":
         commit_big(path, int(sys.argv[3]))
+    elif cmd == "churn":
+        churn(path, int(sys.argv[3]), sys.argv[4])
+    elif cmd == "grow":
+        grow(path, int(sys.argv[3]), int(sys.argv[4]))
     else:
         sys.exit(f"unknown command {cmd}")
