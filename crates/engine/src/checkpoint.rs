@@ -121,6 +121,50 @@ pub fn journal_path(e: Epoch) -> PathBuf {
     Path::new(META_DIR).join("journal").join(format!("{:016x}", e.0))
 }
 
+/// A retired journal kept to become the next epoch's (journal.rs,
+/// "Recycled journals").
+pub fn spare_path() -> PathBuf {
+    Path::new(META_DIR).join("journal-spare")
+}
+
+/// The most of a retired journal kept as the spare (a longer one is cut
+/// to this first): disk space held while mounted, for commits that do not
+/// grow the next journal until it reaches this size.
+pub const SPARE_MAX: u64 = 256 << 20;
+
+/// Deletes the spare journal, if there is one.
+pub fn drop_spare(s: &dyn Storage) -> Result<()> {
+    let sp = spare_path();
+    match s.unlink(&sp) {
+        Ok(()) => s.fsync(Path::new(META_DIR)).ctx("journal spare", || META_DIR.into()),
+        Err(e) if is_missing(&e) => Ok(()),
+        Err(e) => Err(Error::io("journal spare", sp.display().to_string(), e)),
+    }
+}
+
+/// Makes the spare the journal `jp` of epoch `next`: the new header is
+/// written and synced before the rename, so either name holds a file whose
+/// header matches it. `false` (a fresh file is created instead) if there is
+/// no usable spare or any step fails.
+fn recycle_spare(s: &dyn Storage, jp: &Path, next: Epoch, last_seq: Seq) -> bool {
+    let sp = spare_path();
+    let Ok(f) = s.open_file(&sp, false) else { return false };
+    match f.len() {
+        Ok(l) if l > SPARE_MAX => {
+            if f.set_len(SPARE_MAX).is_err() {
+                return false;
+            }
+        }
+        Ok(l) if l >= journal::FILE_HEADER_LEN => {}
+        _ => return false,
+    }
+    if f.write_at(0, &journal::file_header(next, last_seq)).is_err() || f.sync_data().is_err() {
+        return false;
+    }
+    drop(f);
+    s.rename(&sp, jp).is_ok()
+}
+
 fn stage_path(o: ObjId) -> PathBuf {
     Path::new(META_DIR).join("stage").join(format!("o{}", o.0))
 }
@@ -640,6 +684,7 @@ pub fn finish(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoc
 fn next_journal(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoch)> {
     let next = Epoch(plan.epoch.0 + 1);
     let jp = journal_path(next);
+    let recycled = matches!(s.lstat(&jp), Err(e) if is_missing(&e)) && recycle_spare(s, &jp, next, plan.last_seq);
     let f = s.open_file(&jp, true).ctx("journal create", || jp.display().to_string())?;
     if f.len().ctx("journal create", || jp.display().to_string())? < journal::FILE_HEADER_LEN {
         f.set_len(0).ctx("journal create", || jp.display().to_string())?;
@@ -648,11 +693,17 @@ fn next_journal(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Ep
     f.sync_data().ctx("journal create", || jp.display().to_string())?;
     let jdir = Path::new(META_DIR).join("journal");
     s.fsync(&jdir).ctx("journal create", || jdir.display().to_string())?;
+    if recycled {
+        // The spare's name must be gone for good before the journal is used.
+        s.fsync(Path::new(META_DIR)).ctx("journal create", || META_DIR.into())?;
+    }
     Ok((f, next))
 }
 
-/// Removes the plan's journal, marker and plan: the checkpoint is over.
+/// Removes the plan's journal (kept as the spare if it can be), marker
+/// and plan: the checkpoint is over.
 fn retire(s: &dyn Storage, plan: &Plan) -> Result<()> {
+    keep_as_spare(s, &journal_path(plan.epoch));
     for old in [journal_path(plan.epoch), marker_path(plan.epoch), plan_path(plan.epoch)] {
         match s.unlink(&old) {
             Ok(()) => {}
@@ -663,6 +714,20 @@ fn retire(s: &dyn Storage, plan: &Plan) -> Result<()> {
         s.fsync(&parent).ctx("checkpoint cleanup", || parent.display().to_string())?;
     }
     Ok(())
+}
+
+/// Renames a retired journal to the spare, both folders synced. Best
+/// effort: on failure `retire` unlinks it as before. (Nothing reads a
+/// retired journal: the engine dropped it with the frozen delta.)
+fn keep_as_spare(s: &dyn Storage, jp: &Path) {
+    if !s.lstat(jp).is_ok_and(|m| m.size >= journal::FILE_HEADER_LEN) {
+        return;
+    }
+    let jdir = Path::new(META_DIR).join("journal");
+    if s.rename(jp, &spare_path()).is_ok() {
+        let _ = s.fsync(&jdir);
+        let _ = s.fsync(Path::new(META_DIR));
+    }
 }
 
 /// Persists a plan: write a temp file, fsync, rename, fsync the folder.

@@ -1626,7 +1626,14 @@ impl Engine {
     /// and checkpoints. Later operations still work (without a flusher).
     pub fn shutdown(&self) -> Result<()> {
         self.stop_bg();
-        self.checkpoint()
+        // An unmounted tree keeps no spare journal (disk space), and its
+        // journal has nothing after its records: the last checkpoint starts
+        // a fresh one, and the journal it retires is deleted.
+        let storage = self.lock().storage.clone();
+        crate::checkpoint::drop_spare(&*storage)?;
+        self.checkpoint()?;
+        let _one = self.shared.ckpt_lock.lock();
+        crate::checkpoint::drop_spare(&*storage)
     }
 
     fn stop_bg(&self) {

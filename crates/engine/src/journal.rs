@@ -45,6 +45,23 @@
 //! after the last whole record is cut by recovery (as before), so no stale
 //! record can line up with a later append.
 //!
+//! ## Recycled journals
+//! A checkpoint keeps the journal it retires as `.txfs/journal-spare`
+//! (up to [`crate::checkpoint::SPARE_MAX`] bytes), and the next epoch's
+//! journal is that file with a new header: its blocks are allocated and
+//! written already, so an `fdatasync` after a record there flushes only
+//! data, for records of any size (the runway only covers small ones). A
+//! 1 MiB record + `fdatasync`: 710 µs appended, 400 µs over written blocks.
+//! After the new epoch's records come the old epoch's bytes. Every one of
+//! its whole records has a seq at most the header's `prev_seq`, so a whole
+//! record that is not newer ends the scan like a torn one (cut there, and
+//! never a damage witness: its `durable_upto` speaks of the old file); any
+//! other leftover is cut as a torn tail is. So nothing older than this
+//! epoch can line up with an append. The spare is written a new header and
+//! synced before it is renamed into place; recovery deletes a spare before
+//! anything else (a rename cut by a crash can leave it a second name of a
+//! live journal), and `Engine::shutdown` deletes it.
+//!
 //! ## Torn tail versus damage (invariant J3)
 //! Scanning stops at the first record that is short or fails its checksum.
 //! If a later record with a valid checksum says (`durable_upto`) that bytes
@@ -78,6 +95,9 @@ pub const REC_VERSION: u16 = 1;
 /// A record whose meta is followed by its [`FileRef`]s.
 pub const REC_VERSION_FILES: u16 = 2;
 pub const KIND_COMMIT: u16 = 1;
+/// How a scan's cut reason starts when the journal ends at a whole record of
+/// an earlier epoch (a recycled journal's old bytes, not a torn write).
+pub const STALE_END: &str = "a record of an earlier epoch";
 /// Largest metadata part we accept when scanning (guards against garbage lengths).
 pub const MAX_META: u64 = 1 << 30;
 /// Zeros kept written past the last record (see "Zeroed runway").
@@ -556,7 +576,16 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
     let prev_seq = Seq(u64::from_le_bytes(h[16..24].try_into().expect("8 bytes")));
     let mut expect_seq: Option<u64> = Some(prev_seq.0 + 1);
     while at < len {
-        match read_record(file, len, at) {
+        // A whole record of an earlier epoch is the end of this one: the
+        // rest of a recycled journal ("Recycled journals").
+        let rec = read_record(file, len, at).and_then(|(rh, meta)| {
+            if rh.seq <= prev_seq.0 {
+                Err(format!("{STALE_END} (seq {}): the rest of a recycled journal", rh.seq))
+            } else {
+                Ok((rh, meta))
+            }
+        });
+        match rec {
             Ok((rh, meta)) => {
                 if let Some(s) = expect_seq {
                     if rh.seq != s {
@@ -590,7 +619,9 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
                     for i in 0..n.saturating_sub(3) {
                         if buf[i..i + 4] == magic {
                             if let Ok((rh, _)) = read_record(file, len, probe + i as u64) {
-                                if rh.durable_upto > at {
+                                // Only this epoch's records speak of this
+                                // file's offsets (older ones: recycled).
+                                if rh.seq > prev_seq.0 && rh.durable_upto > at {
                                     return Err(corrupt(
                                         at,
                                         format!(

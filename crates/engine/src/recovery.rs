@@ -2,7 +2,8 @@
 //! commit records back into the committed delta.
 //!
 //! ```text
-//!  1. create .txfs/{journal,stage,orphans,data} if missing
+//!  1. create .txfs/{journal,stage,orphans,data} if missing; delete the
+//!     spare journal
 //!  2. a plan file exists      -> execute it again (J5) and finish it
 //!  3. remove spill/ (older versions' private data: no trace); orphans/ is
 //!     emptied after the checkpoint of step 4, since the journal may still
@@ -165,6 +166,10 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     if made {
         s.fsync(meta).ctx("init", || META_DIR.into())?;
     }
+    // A spare journal is never trusted after a crash: a rename cut short can
+    // leave it a second name of the live journal (journal.rs, "Recycled
+    // journals").
+    checkpoint::drop_spare(s)?;
     // 2. Interrupted checkpoint.
     let mut plans: Vec<u64> = Vec::new();
     for (n, _) in s.read_dir(meta).ctx("recovery", || META_DIR.into())? {
@@ -253,7 +258,11 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     }
     let scan = journal::scan(&*jf, &jp, epoch)?;
     if let Some((at, why)) = &scan.cut {
-        tracing::warn!(journal = %jp.display(), offset = at, reason = %why, "cutting torn journal tail");
+        if why.starts_with(journal::STALE_END) {
+            tracing::debug!(journal = %jp.display(), offset = at, reason = %why, "cutting a recycled journal's old bytes");
+        } else {
+            tracing::warn!(journal = %jp.display(), offset = at, reason = %why, "cutting torn journal tail");
+        }
         jf.set_len(scan.valid_end).ctx("journal cut", || jp.display().to_string())?;
         jf.sync_data().ctx("journal cut", || jp.display().to_string())?;
     }

@@ -31,8 +31,9 @@ macro_rules! files_help {
         "Files (under BACKING/.txfs/, hidden from the mount):
   journal/EPOCH      the redo journal: committed transactions not yet checkpointed
   ckpt-EPOCH.plan    a checkpoint in progress (finished by the next mount or recover)
+  journal-spare      a retired journal kept (while mounted) to become the next one
   data/              data files: large transactions' data (past 64 MiB) and new
-                     files' content (from 256 KiB), written once, not journaled
+                     files' content (from 16 MiB), written once, not journaled
   lock               held by the daemon or by recover: one user at a time
   daemon.pid         the daemon's pid;  daemon.log  its log when started without -f"
     };
@@ -566,7 +567,11 @@ fn check(backing: &Path, progress: bool) -> Result<bool, String> {
     for j in &rep.journals {
         println!("{}: {} committed records, {} bytes", j.path.display(), j.records, j.valid_bytes);
         if let Some((at, why)) = &j.cut {
-            println!("  torn tail at offset {at} ({why}): recovery will cut it there");
+            if why.starts_with(txfs_engine::journal::STALE_END) {
+                println!("  records end at offset {at} ({why}): recovery will cut it there");
+            } else {
+                println!("  torn tail at offset {at} ({why}): recovery will cut it there");
+            }
         }
     }
     if let Some(p) = &rep.plan {

@@ -107,7 +107,8 @@ pub fn leftovers(s: &dyn Storage) -> Vec<PathBuf> {
 
 /// The one journal file under `.txfs/journal`, its records' `(start, end)`
 /// offsets, and where they end: at a record header of zeros (the runway,
-/// journal.rs) or where no whole header fits.
+/// journal.rs), at a record of an earlier epoch (a recycled journal), or
+/// where no whole header fits.
 pub fn journal_records(s: &dyn Storage) -> (PathBuf, Vec<(u64, u64)>, u64) {
     use txfs_engine::journal::{FILE_HEADER_LEN, REC_HEADER_LEN};
     let jdir = Path::new(META_DIR).join("journal");
@@ -115,12 +116,15 @@ pub fn journal_records(s: &dyn Storage) -> (PathBuf, Vec<(u64, u64)>, u64) {
     assert_eq!(list.len(), 1, "one journal file expected: {list:?}");
     let path = jdir.join(&list[0].0);
     let len = s.lstat(&path).unwrap().size;
+    let mut fh = [0u8; FILE_HEADER_LEN as usize];
+    assert_eq!(s.read_at(&path, 0, &mut fh).unwrap(), fh.len());
+    let prev_seq = u64::from_le_bytes(fh[16..24].try_into().unwrap());
     let mut at = FILE_HEADER_LEN;
     let mut v = Vec::new();
     while at + REC_HEADER_LEN <= len {
         let mut h = [0u8; REC_HEADER_LEN as usize];
         assert_eq!(s.read_at(&path, at, &mut h).unwrap(), h.len());
-        if h.iter().all(|b| *b == 0) {
+        if h.iter().all(|b| *b == 0) || u64::from_le_bytes(h[8..16].try_into().unwrap()) <= prev_seq {
             break;
         }
         let meta_len = u32::from_le_bytes(h[24..28].try_into().unwrap()) as u64;
