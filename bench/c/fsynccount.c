@@ -4,7 +4,10 @@
  * syncfs, sync) shared by every process that preloads this library with the
  * same file, so the harness reads them live (the daemon) or after a run (a
  * workload and its children). Without the variable, calls pass through
- * uncounted. Counting costs one atomic add per call: nothing next to a sync.
+ * uncounted. Calls on a FUSE file system's descriptor are not counted: they
+ * are requests to its daemon (a txfs transaction's fsync costs no disk sync;
+ * the daemon's own syncs are counted in the daemon). Counting costs an
+ * fstatfs and an atomic add per call: nothing next to a sync.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -12,7 +15,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 #include <unistd.h>
+
+#define FUSE_MAGIC 0x65735546
 
 static uint64_t *counters; /* [0] fsync [1] fdatasync [2] syncfs [3] sync */
 
@@ -32,6 +38,12 @@ static void bump(int i) {
     if (counters) __atomic_fetch_add(&counters[i], 1, __ATOMIC_RELAXED);
 }
 
+/* Counts a sync of `fd` unless it is on a FUSE file system. */
+static void bump_fd(int i, int fd) {
+    struct statfs s;
+    if (counters && !(fstatfs(fd, &s) == 0 && s.f_type == FUSE_MAGIC)) bump(i);
+}
+
 typedef int (*fd_fn)(int);
 typedef void (*void_fn)(void);
 
@@ -41,19 +53,19 @@ typedef void (*void_fn)(void);
 
 int fsync(int fd) {
     NEXT(fsync, fd_fn);
-    bump(0);
+    bump_fd(0, fd);
     return next_fsync(fd);
 }
 
 int fdatasync(int fd) {
     NEXT(fdatasync, fd_fn);
-    bump(1);
+    bump_fd(1, fd);
     return next_fdatasync(fd);
 }
 
 int syncfs(int fd) {
     NEXT(syncfs, fd_fn);
-    bump(2);
+    bump_fd(2, fd);
     return next_syncfs(fd);
 }
 
