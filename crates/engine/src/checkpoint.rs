@@ -129,7 +129,9 @@ pub fn spare_path() -> PathBuf {
 
 /// The most of a retired journal kept as the spare (a longer one is cut
 /// to this first): disk space held while mounted, for commits that do not
-/// grow the next journal until it reaches this size.
+/// grow the next journal until it reaches this size. A spare is kept only
+/// while free space is at least four times its size, and is given back
+/// first when a checkpoint or a commit runs out of space.
 pub const SPARE_MAX: u64 = 256 << 20;
 
 /// Deletes the spare journal, if there is one.
@@ -720,7 +722,10 @@ fn retire(s: &dyn Storage, plan: &Plan) -> Result<()> {
 /// effort: on failure `retire` unlinks it as before. (Nothing reads a
 /// retired journal: the engine dropped it with the frozen delta.)
 fn keep_as_spare(s: &dyn Storage, jp: &Path) {
-    if !s.lstat(jp).is_ok_and(|m| m.size >= journal::FILE_HEADER_LEN) {
+    let Ok(m) = s.lstat(jp) else { return };
+    // Only where space is plenty: the spare may hold at most a fifth of it.
+    let kept = m.size.min(SPARE_MAX);
+    if m.size < journal::FILE_HEADER_LEN || s.free_bytes().is_ok_and(|f| f.is_some_and(|f| f < 4 * kept)) {
         return;
     }
     let jdir = Path::new(META_DIR).join("journal");
@@ -854,7 +859,13 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
     let storage = st.storage.clone();
     // Not enough room: fail before the backing tree changes, so nothing is
     // poisoned and the next attempt (once space is freed) simply runs.
-    if let Some(free) = storage.free_bytes().ctx("checkpoint", || "statvfs of the backing tree".into())? {
+    let mut free = storage.free_bytes().ctx("checkpoint", || "statvfs of the backing tree".into())?;
+    if free.is_some_and(|f| f < space_needed(&plan)) && storage.lstat(&spare_path()).is_ok() {
+        // The spare journal is the first thing to give back.
+        drop_spare(&*storage)?;
+        free = storage.free_bytes().ctx("checkpoint", || "statvfs of the backing tree".into())?;
+    }
+    if let Some(free) = free {
         let need = space_needed(&plan);
         if free < need {
             return Err(Error::io(

@@ -1782,6 +1782,11 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
         Err(e) => {
             st.discard_tx(&tx);
             st.stats.aborts += 1;
+            if matches!(e.errno(), libc::ENOSPC | libc::EDQUOT) {
+                // The spare journal's space goes back to the file system:
+                // this commit failed whole, a retry may fit.
+                let _ = crate::checkpoint::drop_spare(&*st.storage);
+            }
             return Err(e);
         }
     };

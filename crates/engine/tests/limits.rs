@@ -14,7 +14,7 @@ use txfs_engine::{Durability, Engine, ObjId, Options, META_DIR};
 
 /// A MemFs whose disk holds `left` more bytes, then says ENOSPC. Like a real
 /// disk, only growing a file takes space (overwrites are free) and cutting
-/// one gives it back.
+/// or unlinking one gives it back (every file here has one name).
 struct SmallDisk {
     inner: MemFs,
     left: Arc<AtomicU64>,
@@ -67,7 +67,7 @@ impl StoredFile for SmallFile {
 }
 
 impl Storage for SmallDisk {
-    common::pass_through!(inner: lstat, read_dir, read_at, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all);
+    common::pass_through!(inner: lstat, read_dir, read_at, create_file, mkdir, symlink, readlink, rename, link, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all);
     fn write_at(&self, p: &Path, off: u64, data: &[u8]) -> io::Result<()> {
         take_growth(&self.left, self.inner.lstat(p)?.size, off, data.len())?;
         self.inner.write_at(p, off, data)
@@ -85,6 +85,12 @@ impl Storage for SmallDisk {
     }
     fn free_bytes(&self) -> io::Result<Option<u64>> {
         Ok(Some(self.left.load(Ordering::SeqCst)))
+    }
+    fn unlink(&self, p: &Path) -> io::Result<()> {
+        let size = self.inner.lstat(p)?.size;
+        self.inner.unlink(p)?;
+        give_back(&self.left, size, 0);
+        Ok(())
     }
 }
 
@@ -361,4 +367,65 @@ fn concurrent_spilled_writes_land_whole() {
     assert_eq!(e.read(None, b, 0, 8 << 20).unwrap(), want_b);
     e.close().unwrap();
     assert!(leftovers(&*fs).is_empty());
+}
+
+/// Story: a checkpoint kept the journal it retired as the spare (to become
+/// a later epoch's journal, journal.rs "Recycled journals"); then the disk
+/// fills up. The commit that does not fit fails whole, and gives the
+/// spare's space back, so its retry fits.
+#[test]
+fn a_full_disk_gets_the_spare_journal_back() {
+    let left = Arc::new(AtomicU64::new(u64::MAX));
+    let disk = Arc::new(SmallDisk { inner: MemFs::new(), left: left.clone() });
+    let o = || Options { stage_threshold: u64::MAX, checkpoint_bytes: u64::MAX, ..opts(64 << 20) };
+    let e = Engine::open(disk.clone(), o()).unwrap();
+    let tx = e.begin();
+    let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+    e.write(Some(tx), f, 0, &pattern(3 << 20, 1)).unwrap();
+    e.commit(tx, Durability::Durable).unwrap();
+    e.checkpoint().unwrap();
+    let spare = Path::new(META_DIR).join("journal-spare");
+    assert!(disk.lstat(&spare).is_ok_and(|m| m.size > 3 << 20), "no 3 MiB spare after the checkpoint");
+
+    left.store(1 << 20, Ordering::SeqCst); // 1 MiB of disk left
+    let write2 = || {
+        let tx = e.begin();
+        e.write(Some(tx), f, 0, &pattern(2 << 20, 2)).unwrap();
+        e.commit(tx, Durability::Durable)
+    };
+    let err = write2().unwrap_err();
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert!(disk.lstat(&spare).is_err(), "the failed commit kept the spare journal");
+    write2().expect("the retry fits once the spare is gone");
+    assert_eq!(e.read(None, f, 0, 2 << 20).unwrap(), pattern(2 << 20, 2));
+    drop(e); // a crash; recovery's checkpoint needs room again
+    left.store(u64::MAX, Ordering::SeqCst);
+    let e = Engine::open(disk.clone(), o()).unwrap();
+    assert_eq!(e.read(None, e.resolve(None, Path::new("f")).unwrap(), 0, 2 << 20).unwrap(), pattern(2 << 20, 2));
+}
+
+/// Story: the disk fills up while a spare journal is kept; the next
+/// checkpoint needs more room than is free, but not more than the spare
+/// holds: it gives the spare back and runs, instead of being postponed.
+#[test]
+fn a_checkpoint_short_of_space_gets_the_spare_journal_back() {
+    let left = Arc::new(AtomicU64::new(u64::MAX));
+    let disk = Arc::new(SmallDisk { inner: MemFs::new(), left: left.clone() });
+    let o = || Options { stage_threshold: u64::MAX, checkpoint_bytes: u64::MAX, ..opts(64 << 20) };
+    let e = Engine::open(disk.clone(), o()).unwrap();
+    let tx = e.begin();
+    let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+    e.write(Some(tx), f, 0, &pattern(3 << 20, 1)).unwrap();
+    e.commit(tx, Durability::Durable).unwrap();
+    e.checkpoint().unwrap();
+    let spare = Path::new(META_DIR).join("journal-spare");
+    assert!(disk.lstat(&spare).is_ok(), "no spare after the checkpoint");
+    let tx = e.begin();
+    e.write(Some(tx), f, 0, &pattern(1 << 20, 2)).unwrap();
+    e.commit(tx, Durability::Durable).unwrap();
+    left.store(3 << 19, Ordering::SeqCst); // 1.5 MiB left: the checkpoint asks for ~2 MiB
+    e.checkpoint().expect("the checkpoint gives the spare back and runs");
+    let mut head = vec![0u8; 1 << 20];
+    disk.inner.read_at(Path::new("f"), 0, &mut head).unwrap();
+    assert_eq!(head, pattern(1 << 20, 2), "the backing file holds the checkpointed overwrite");
 }
