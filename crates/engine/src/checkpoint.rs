@@ -148,7 +148,7 @@ pub fn drop_spare(s: &dyn Storage) -> Result<()> {
 /// written and synced before the rename, so either name holds a file whose
 /// header matches it. `false` (a fresh file is created instead) if there is
 /// no usable spare or any step fails.
-fn recycle_spare(s: &dyn Storage, jp: &Path, next: Epoch, last_seq: Seq) -> bool {
+fn recycle_spare(s: &dyn Storage, jp: &Path, next: Epoch, last_seq: Seq, nonce: u32) -> bool {
     let sp = spare_path();
     let Ok(f) = s.open_file(&sp, false) else { return false };
     match f.len() {
@@ -160,7 +160,7 @@ fn recycle_spare(s: &dyn Storage, jp: &Path, next: Epoch, last_seq: Seq) -> bool
         Ok(l) if l >= journal::FILE_HEADER_LEN => {}
         _ => return false,
     }
-    if f.write_at(0, &journal::file_header(next, last_seq)).is_err() || f.sync_data().is_err() {
+    if f.write_at(0, &journal::file_header(next, last_seq, nonce)).is_err() || f.sync_data().is_err() {
         return false;
     }
     drop(f);
@@ -676,21 +676,34 @@ fn remove_tree(s: &dyn Storage, path: &Path) -> Result<()> {
 }
 
 /// Creates the next epoch's journal, then retires the plan's epoch.
-pub fn finish(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoch)> {
+pub fn finish(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoch, u32)> {
     let r = next_journal(s, plan)?;
     retire(s, plan)?;
     Ok(r)
 }
 
-/// Creates (or keeps, with its records) the next epoch's journal.
-fn next_journal(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoch)> {
+/// Creates (or keeps, with its records) the next epoch's journal; returns
+/// it with its nonce.
+fn next_journal(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Epoch, u32)> {
     let next = Epoch(plan.epoch.0 + 1);
     let jp = journal_path(next);
-    let recycled = matches!(s.lstat(&jp), Err(e) if is_missing(&e)) && recycle_spare(s, &jp, next, plan.last_seq);
+    let mut nonce = journal::new_nonce();
+    let recycled =
+        matches!(s.lstat(&jp), Err(e) if is_missing(&e)) && recycle_spare(s, &jp, next, plan.last_seq, nonce);
     let f = s.open_file(&jp, true).ctx("journal create", || jp.display().to_string())?;
     if f.len().ctx("journal create", || jp.display().to_string())? < journal::FILE_HEADER_LEN {
         f.set_len(0).ctx("journal create", || jp.display().to_string())?;
-        f.write_at(0, &journal::file_header(next, plan.last_seq)).ctx("journal create", || jp.display().to_string())?;
+        f.write_at(0, &journal::file_header(next, plan.last_seq, nonce))
+            .ctx("journal create", || jp.display().to_string())?;
+    } else if !recycled {
+        // Kept from before a crash (recovery finishing the plan): its own.
+        let mut h = [0u8; journal::FILE_HEADER_LEN as usize];
+        journal::read_exact(&*f, 0, &mut h).ctx("journal open", || jp.display().to_string())?;
+        nonce = journal::header_nonce(&h).ok_or_else(|| Error::Corrupt {
+            path: jp.clone(),
+            offset: 0,
+            detail: "bad journal file header".into(),
+        })?;
     }
     f.sync_data().ctx("journal create", || jp.display().to_string())?;
     let jdir = Path::new(META_DIR).join("journal");
@@ -699,7 +712,7 @@ fn next_journal(s: &dyn Storage, plan: &Plan) -> Result<(Arc<dyn StoredFile>, Ep
         // The spare's name must be gone for good before the journal is used.
         s.fsync(Path::new(META_DIR)).ctx("journal create", || META_DIR.into())?;
     }
-    Ok((f, next))
+    Ok((f, next, nonce))
 }
 
 /// Removes the plan's journal (kept as the spare if it can be), marker
@@ -888,7 +901,7 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
     // would be read without `frozen`: its contents are written now.
     contents(&*storage, &plan, &*jf, Some(true))?;
     sync_stage_writes(&*storage, &plan)?;
-    let (file, next) = next_journal(&*storage, &plan)?;
+    let (file, next, nonce) = next_journal(&*storage, &plan)?;
     // The backing tree now holds the plan's names: update locations.
     for o in upd.gone {
         if let Some(n) = st.nodes.get_mut(&o) {
@@ -934,8 +947,13 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
     st.frozen = Some(frozen);
     st.committed_data_bytes = 0;
     st.journal_files.insert(next, file.clone());
-    st.journal =
-        JournalWriter { epoch: next, path: journal_path(next), file: file.clone(), end: journal::FILE_HEADER_LEN };
+    st.journal = JournalWriter {
+        epoch: next,
+        path: journal_path(next),
+        file: file.clone(),
+        end: journal::FILE_HEADER_LEN,
+        nonce,
+    };
     sync.rotate(next, file, journal::FILE_HEADER_LEN);
     Ok((plan, jf, released))
 }

@@ -1633,7 +1633,19 @@ impl Engine {
         crate::checkpoint::drop_spare(&*storage)?;
         self.checkpoint()?;
         let _one = self.shared.ckpt_lock.lock();
-        crate::checkpoint::drop_spare(&*storage)
+        crate::checkpoint::drop_spare(&*storage)?;
+        // A checkpoint with nothing to do leaves the journal as it is: if it
+        // is a recycled one, its old bytes go now (nothing is committed, so
+        // nothing follows the header).
+        let st = self.lock();
+        if st.committed.is_empty() && st.frozen.is_none() {
+            let j = &st.journal;
+            if j.file.len().ctx("journal stat", || j.path.display().to_string())? > j.end {
+                j.file.set_len(j.end).ctx("journal cut", || j.path.display().to_string())?;
+                j.file.sync_data().ctx("journal cut", || j.path.display().to_string())?;
+            }
+        }
+        Ok(())
     }
 
     fn stop_bg(&self) {
@@ -1888,6 +1900,7 @@ fn placeholder_writer(st: &State) -> JournalWriter {
         path: st.journal.path.clone(),
         file: st.journal.file.clone(),
         end: st.journal.end,
+        nonce: st.journal.nonce,
     }
 }
 

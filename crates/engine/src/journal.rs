@@ -3,11 +3,11 @@
 //! ## Byte layout (all integers little-endian)
 //! File header, 32 bytes:
 //! ```text
-//!   0  [u8; 8]  magic "TXFSJNL1"
+//!   0  [u8; 8]  magic "TXFSJNL2" ("TXFSJNL1": an older journal, nonce 0)
 //!   8  u64      epoch
 //!  16  u64      seq of the last commit before this epoch
-//!  24  u32      crc32c of bytes 0..24
-//!  28  u32      reserved (0)
+//!  24  u32      crc32c of bytes 0..24 and 28..32 (TXFSJNL1: of 0..24)
+//!  28  u32      nonce: random, non-zero, new for every journal (TXFSJNL1: 0)
 //! ```
 //! Then records, back to back, each:
 //! ```text
@@ -19,12 +19,19 @@
 //!  24  u32  meta_len
 //!  28  u32  reserved (0)
 //!  32  u64  data_len
-//!  40  u32  crc32c of bytes 0..40, then meta, then data
-//!  44  u32  reserved (0)
+//!  40  u32  crc32c of bytes 0..40, then meta, then data, seeded with the nonce
+//!  44  u32  crc32c of bytes 0..40 seeded with !nonce (the header alone;
+//!           TXFSJNL1: reserved, 0)
 //!  48  meta (bincode `CommitRecord`), then data (extent bytes)
 //! ```
 //! The header is written last, so a record whose write was torn anywhere
-//! fails its checksum.
+//! fails its checksum. The nonce keys both checksums to this one file:
+//! record data is bytes users wrote into files, and without a key a user
+//! could write a byte string that is a whole record; the nonce is in
+//! `.txfs/`, which the mount hides, so nobody can compute a record that
+//! verifies here, and a record of another journal (a recycled file's old
+//! bytes) never does. The header check lets a scan reject a candidate
+//! record from its 48 bytes without reading the length it claims.
 //!
 //! ## Data files (selective data journaling)
 //! A version-2 record's meta is the bincode `CommitRecord` followed by the
@@ -47,20 +54,28 @@
 //!
 //! ## Recycled journals
 //! A checkpoint keeps the journal it retires as `.txfs/journal-spare`
-//! (up to [`crate::checkpoint::SPARE_MAX`] bytes), and the next epoch's
+//! (up to `SPARE_MAX` (checkpoint.rs) bytes), and the next epoch's
 //! journal is that file with a new header: its blocks are allocated and
 //! written already, so an `fdatasync` after a record there flushes only
 //! data, for records of any size (the runway only covers small ones). A
 //! 1 MiB record + `fdatasync`: 710 µs appended, 400 µs over written blocks.
-//! After the new epoch's records come the old epoch's bytes. Every one of
-//! its whole records has a seq at most the header's `prev_seq`, so a whole
-//! record that is not newer ends the scan like a torn one (cut there, and
-//! never a damage witness: its `durable_upto` speaks of the old file); any
-//! other leftover is cut as a torn tail is. So nothing older than this
-//! epoch can line up with an append. The spare is written a new header and
-//! synced before it is renamed into place; recovery deletes a spare before
-//! anything else (a rename cut by a crash can leave it a second name of a
-//! live journal), and `Engine::shutdown` deletes it.
+//! After the new epoch's records come the old epoch's bytes, record data
+//! included: bytes users wrote into files. None of them verifies as a
+//! record here, because every checksum is keyed with this file's nonce
+//! (byte layout above; a user who wrote a perfect record of their own into
+//! a file cannot know the nonce). As a second guard, a whole record whose
+//! seq is not newer than the header's `prev_seq` ends the scan like a torn
+//! one (cut there; never a damage witness). So nothing older than this
+//! epoch can line up with an append, and J3's probe, which now runs over up
+//! to 256 MiB of old bytes, rejects a candidate from its 48-byte header
+//! (the header check) before reading the length it claims. The spare is
+//! written a new header (new nonce) and synced before it is renamed into
+//! place; recovery deletes a spare before anything else (a rename cut by a
+//! crash can leave it a second name of a live journal), and
+//! `Engine::shutdown` drops it and cuts a recycled journal's old bytes.
+//! Older journals (`TXFSJNL1`, nonce 0) are read as before; binaries that
+//! predate the nonce refuse a `TXFSJNL2` journal ("bad journal file
+//! header") rather than misread it.
 //!
 //! ## Torn tail versus damage (invariant J3)
 //! Scanning stops at the first record that is short or fails its checksum.
@@ -87,7 +102,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// An older journal's magic: no nonce (0), record header word 44 unused.
 pub const FILE_MAGIC: &[u8; 8] = b"TXFSJNL1";
+/// A journal keyed by the nonce in its header.
+pub const FILE_MAGIC_KEYED: &[u8; 8] = b"TXFSJNL2";
 pub const FILE_HEADER_LEN: u64 = 32;
 pub const REC_MAGIC: u32 = 0x524A_5854;
 pub const REC_HEADER_LEN: u64 = 48;
@@ -209,14 +227,61 @@ pub struct JPos {
     pub off: u64,
 }
 
-pub fn file_header(epoch: Epoch, prev_seq: Seq) -> [u8; 32] {
+/// A journal file header; `nonce` 0 writes the older, unkeyed format.
+pub fn file_header(epoch: Epoch, prev_seq: Seq, nonce: u32) -> [u8; 32] {
     let mut h = [0u8; 32];
-    h[0..8].copy_from_slice(FILE_MAGIC);
+    h[0..8].copy_from_slice(if nonce == 0 { FILE_MAGIC } else { FILE_MAGIC_KEYED });
     h[8..16].copy_from_slice(&epoch.0.to_le_bytes());
     h[16..24].copy_from_slice(&prev_seq.0.to_le_bytes());
-    let crc = crc32c::crc32c(&h[0..24]);
+    h[28..32].copy_from_slice(&nonce.to_le_bytes());
+    let crc = header_crc(&h);
     h[24..28].copy_from_slice(&crc.to_le_bytes());
     h
+}
+
+fn header_crc(h: &[u8; 32]) -> u32 {
+    let crc = crc32c::crc32c(&h[0..24]);
+    if &h[0..8] == FILE_MAGIC {
+        crc
+    } else {
+        crc32c::crc32c_append(crc, &h[28..32])
+    }
+}
+
+/// The nonce of a valid file header (0 for an older journal), or `None`.
+pub fn header_nonce(h: &[u8; 32]) -> Option<u32> {
+    let magic_ok = &h[0..8] == FILE_MAGIC || &h[0..8] == FILE_MAGIC_KEYED;
+    if !magic_ok || u32::from_le_bytes(h[24..28].try_into().expect("4 bytes")) != header_crc(h) {
+        return None;
+    }
+    let nonce = u32::from_le_bytes(h[28..32].try_into().expect("4 bytes"));
+    (nonce != 0 || &h[0..8] == FILE_MAGIC).then_some(if &h[0..8] == FILE_MAGIC { 0 } else { nonce })
+}
+
+/// A fresh non-zero nonce for a new journal file (`getrandom`, else the
+/// clock and pid mixed).
+pub fn new_nonce() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: `b` is a valid 4-byte buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let mut v = u32::from_le_bytes(b);
+    if n != 4 {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let mut x = [0u8; 16];
+        x[0..8].copy_from_slice(&(t.as_nanos() as u64).to_le_bytes());
+        x[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+        v = crc32c::crc32c(&x);
+    }
+    if v == 0 {
+        1
+    } else {
+        v
+    }
+}
+
+/// The record header check (bytes 44..48) of a keyed journal.
+fn header_check(nonce: u32, h: &[u8]) -> u32 {
+    crc32c::crc32c_append(!nonce, &h[0..40])
 }
 
 /// Appends records to the journal of the current epoch.
@@ -226,6 +291,8 @@ pub struct JournalWriter {
     pub file: Arc<dyn StoredFile>,
     /// Where the next record goes.
     pub end: u64,
+    /// The file's nonce (its header): seeds every record's checksums.
+    pub nonce: u32,
 }
 
 /// Where a record landed.
@@ -302,7 +369,11 @@ impl JournalWriter {
         h[16..24].copy_from_slice(&durable_upto.to_le_bytes());
         h[24..28].copy_from_slice(&(meta.len() as u32).to_le_bytes());
         h[32..40].copy_from_slice(&data_len.to_le_bytes());
-        let mut crc = crc32c::crc32c(&h[0..40]);
+        if self.nonce != 0 {
+            let hc = header_check(self.nonce, &h);
+            h[44..48].copy_from_slice(&hc.to_le_bytes());
+        }
+        let mut crc = crc32c::crc32c_append(self.nonce, &h[0..40]);
         crc = crc32c::crc32c_append(crc, meta);
         let path = self.path.clone();
         let what = || format!("{}", path.display());
@@ -475,6 +546,8 @@ pub struct Scan {
     pub valid_end: u64,
     /// Where and why a torn tail was cut, if it was.
     pub cut: Option<(u64, String)>,
+    /// The file's nonce (0: an older, unkeyed journal).
+    pub nonce: u32,
 }
 
 struct RawHeader {
@@ -486,8 +559,14 @@ struct RawHeader {
     end: u64,
 }
 
-/// Parses and checksums the record at `at`; `Err(reason)` if it is not whole.
-fn read_record(file: &dyn StoredFile, len: u64, at: u64) -> std::result::Result<(RawHeader, Vec<u8>), String> {
+/// Parses the record header at `at` (checked against the nonce in a keyed
+/// journal), reading nothing else; `Err(reason)` if it is not one.
+fn read_header(
+    file: &dyn StoredFile,
+    len: u64,
+    at: u64,
+    nonce: u32,
+) -> std::result::Result<(RawHeader, [u8; 48]), String> {
     if at + REC_HEADER_LEN > len {
         return Err("short record header".into());
     }
@@ -497,6 +576,9 @@ fn read_record(file: &dyn StoredFile, len: u64, at: u64) -> std::result::Result<
     let u64_at = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().expect("8 bytes"));
     if u32_at(0) != REC_MAGIC {
         return Err("bad record magic".into());
+    }
+    if nonce != 0 && u32_at(44) != header_check(nonce, &h) {
+        return Err("record header checksum mismatch".into());
     }
     let version = u16::from_le_bytes([h[4], h[5]]);
     if version != REC_VERSION && version != REC_VERSION_FILES {
@@ -511,9 +593,22 @@ fn read_record(file: &dyn StoredFile, len: u64, at: u64) -> std::result::Result<
     if end > len {
         return Err("record runs past end of file".into());
     }
+    Ok((RawHeader { version, seq: u64_at(8), durable_upto: u64_at(16), meta_len, data_len, end }, h))
+}
+
+/// Parses and checksums the record at `at`; `Err(reason)` if it is not whole.
+fn read_record(
+    file: &dyn StoredFile,
+    len: u64,
+    at: u64,
+    nonce: u32,
+) -> std::result::Result<(RawHeader, Vec<u8>), String> {
+    let (rh, h) = read_header(file, len, at, nonce)?;
+    let u32_at = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().expect("4 bytes"));
+    let (meta_len, end) = (rh.meta_len, rh.end);
     let mut meta = vec![0u8; meta_len as usize];
     read_exact(file, at + REC_HEADER_LEN, &mut meta).map_err(|e| e.to_string())?;
-    let mut crc = crc32c::crc32c(&h[0..40]);
+    let mut crc = crc32c::crc32c_append(nonce, &h[0..40]);
     crc = crc32c::crc32c_append(crc, &meta);
     let mut buf = vec![0u8; 1 << 20];
     let mut off = at + REC_HEADER_LEN + meta_len;
@@ -526,7 +621,7 @@ fn read_record(file: &dyn StoredFile, len: u64, at: u64) -> std::result::Result<
     if crc != u32_at(40) {
         return Err("record checksum mismatch".into());
     }
-    Ok((RawHeader { version, seq: u64_at(8), durable_upto: u64_at(16), meta_len, data_len, end }, meta))
+    Ok((rh, meta))
 }
 
 /// Whether every byte from `at` to `len` is zero.
@@ -563,10 +658,9 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
         return Err(corrupt(0, "journal shorter than its header".into()));
     }
     read_exact(file, 0, &mut h).ctx("journal read", || path.display().to_string())?;
-    if &h[0..8] != FILE_MAGIC || u32::from_le_bytes(h[24..28].try_into().expect("4 bytes")) != crc32c::crc32c(&h[0..24])
-    {
+    let Some(nonce) = header_nonce(&h) else {
         return Err(corrupt(0, "bad journal file header".into()));
-    }
+    };
     let file_epoch = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
     if file_epoch != epoch.0 {
         return Err(corrupt(8, format!("header says epoch {file_epoch}, file name says {}", epoch.0)));
@@ -578,7 +672,7 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
     while at < len {
         // A whole record of an earlier epoch is the end of this one: the
         // rest of a recycled journal ("Recycled journals").
-        let rec = read_record(file, len, at).and_then(|(rh, meta)| {
+        let rec = read_record(file, len, at, nonce).and_then(|(rh, meta)| {
             if rh.seq <= prev_seq.0 {
                 Err(format!("{STALE_END} (seq {}): the rest of a recycled journal", rh.seq))
             } else {
@@ -618,27 +712,55 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
                     let magic = REC_MAGIC.to_le_bytes();
                     for i in 0..n.saturating_sub(3) {
                         if buf[i..i + 4] == magic {
-                            if let Ok((rh, _)) = read_record(file, len, probe + i as u64) {
-                                // Only this epoch's records speak of this
-                                // file's offsets (older ones: recycled).
-                                if rh.seq > prev_seq.0 && rh.durable_upto > at {
-                                    return Err(corrupt(
-                                        at,
-                                        format!(
-                                            "{reason}, but a later record (seq {}) says the journal was durable up to {}",
-                                            rh.seq, rh.durable_upto
-                                        ),
-                                    ));
-                                }
+                            // Only this epoch's records speak of this file's
+                            // offsets (older ones: recycled). The header
+                            // decides before the body it claims is read.
+                            let cand = probe + i as u64;
+                            let witness = |rh: &RawHeader| rh.seq > prev_seq.0 && rh.durable_upto > at;
+                            if !read_header(file, len, cand, nonce).is_ok_and(|(rh, _)| witness(&rh)) {
+                                continue;
+                            }
+                            if let Ok((rh, _)) = read_record(file, len, cand, nonce) {
+                                return Err(corrupt(
+                                    at,
+                                    format!(
+                                        "{reason}, but a later record (seq {}) says the journal was durable up to {}",
+                                        rh.seq, rh.durable_upto
+                                    ),
+                                ));
                             }
                         }
                     }
                     probe += (n.saturating_sub(3)).max(1) as u64;
                 }
                 let cut = if clean { None } else { Some((at, reason)) };
-                return Ok(Scan { prev_seq, records, valid_end: at, cut });
+                return Ok(Scan { prev_seq, records, valid_end: at, cut, nonce });
             }
         }
     }
-    Ok(Scan { prev_seq, records, valid_end: at, cut: None })
+    Ok(Scan { prev_seq, records, valid_end: at, cut: None, nonce })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonce_zero_is_the_older_unkeyed_checksum() {
+        // Journals written before the nonce (TXFSJNL1) stay readable: a
+        // checksum seeded with 0 is crc32c itself.
+        let h = [7u8; 40];
+        assert_eq!(crc32c::crc32c_append(0, &h), crc32c::crc32c(&h));
+        let old = file_header(Epoch(3), Seq(9), 0);
+        assert_eq!(&old[0..8], FILE_MAGIC);
+        assert_eq!(u32::from_le_bytes(old[24..28].try_into().unwrap()), crc32c::crc32c(&old[0..24]));
+        assert_eq!(header_nonce(&old), Some(0));
+        let new = file_header(Epoch(3), Seq(9), 0xdead_beef);
+        assert_eq!(&new[0..8], FILE_MAGIC_KEYED);
+        assert_eq!(header_nonce(&new), Some(0xdead_beef));
+        let mut bad = new;
+        bad[30] ^= 1; // the nonce is covered by the header checksum
+        assert_eq!(header_nonce(&bad), None);
+        assert_ne!(new_nonce(), 0);
+    }
 }

@@ -232,7 +232,8 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
             let e = Epoch(1);
             let p = journal_path(e);
             let f = s.open_file(&p, true).ctx("journal create", || p.display().to_string())?;
-            f.write_at(0, &journal::file_header(e, Seq(0))).ctx("journal create", || p.display().to_string())?;
+            f.write_at(0, &journal::file_header(e, Seq(0), journal::new_nonce()))
+                .ctx("journal create", || p.display().to_string())?;
             f.sync_data().ctx("journal create", || p.display().to_string())?;
             s.fsync(&jdir).ctx("journal create", || jdir.display().to_string())?;
             e
@@ -253,7 +254,8 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         // durable: nothing was ever committed. (Later epochs are created
         // and synced before their checkpoint plan is removed.)
         jf.set_len(0).ctx("journal init", || jp.display().to_string())?;
-        jf.write_at(0, &journal::file_header(epoch, Seq(0))).ctx("journal init", || jp.display().to_string())?;
+        jf.write_at(0, &journal::file_header(epoch, Seq(0), journal::new_nonce()))
+            .ctx("journal init", || jp.display().to_string())?;
         jf.sync_data().ctx("journal init", || jp.display().to_string())?;
     }
     let scan = journal::scan(&*jf, &jp, epoch)?;
@@ -277,7 +279,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         next_obj: FIRST_FREE_OBJ,
         next_tx: 0,
         seq: scan.prev_seq,
-        journal: JournalWriter { epoch, path: jp.clone(), file: jf.clone(), end: scan.valid_end },
+        journal: JournalWriter { epoch, path: jp.clone(), file: jf.clone(), end: scan.valid_end, nonce: scan.nonce },
         journal_files: HashMap::from([(epoch, jf.clone())]),
         data_files: HashMap::new(),
         next_data: 0,
