@@ -134,14 +134,49 @@ pub fn spare_path() -> PathBuf {
 /// first when a checkpoint or a commit runs out of space.
 pub const SPARE_MAX: u64 = 256 << 20;
 
-/// Deletes the spare journal, if there is one.
+/// Where [`plain_empty_journal`] builds its file.
+fn plain_tmp_path() -> PathBuf {
+    Path::new(META_DIR).join("journal-plain.tmp")
+}
+
+/// Deletes the spare journal (and a half-built plain one), if there is one.
 pub fn drop_spare(s: &dyn Storage) -> Result<()> {
-    let sp = spare_path();
-    match s.unlink(&sp) {
-        Ok(()) => s.fsync(Path::new(META_DIR)).ctx("journal spare", || META_DIR.into()),
-        Err(e) if is_missing(&e) => Ok(()),
-        Err(e) => Err(Error::io("journal spare", sp.display().to_string(), e)),
+    for sp in [spare_path(), plain_tmp_path()] {
+        match s.unlink(&sp) {
+            Ok(()) => s.fsync(Path::new(META_DIR)).ctx("journal spare", || META_DIR.into())?,
+            Err(e) if is_missing(&e) => {}
+            Err(e) => return Err(Error::io("journal spare", sp.display().to_string(), e)),
+        }
     }
+    Ok(())
+}
+
+/// At unmount, with nothing committed since the last checkpoint: replaces
+/// the live journal (keyed, perhaps recycled with old bytes) by its header
+/// alone in the older, unkeyed format, so that an unmounted tree holds no
+/// old bytes and binaries from before the nonce can still open it. Built
+/// beside it and renamed over it: a crash leaves one or the other.
+pub(crate) fn plain_empty_journal(st: &mut State, sync: &SyncState) -> Result<()> {
+    if !st.committed.is_empty() || st.frozen.is_some() || st.journal.end != journal::FILE_HEADER_LEN {
+        return Ok(());
+    }
+    let s = st.storage.clone();
+    let tmp = plain_tmp_path();
+    let what = || tmp.display().to_string();
+    let f = s.open_file(&tmp, true).ctx("journal create", what)?;
+    f.set_len(0).ctx("journal create", what)?;
+    f.write_at(0, &journal::file_header(st.journal.epoch, st.seq, 0)).ctx("journal create", what)?;
+    f.sync_data().ctx("journal create", what)?;
+    s.rename(&tmp, &st.journal.path).ctx("journal create", || st.journal.path.display().to_string())?;
+    let jdir = Path::new(META_DIR).join("journal");
+    s.fsync(&jdir).ctx("journal create", || jdir.display().to_string())?;
+    s.fsync(Path::new(META_DIR)).ctx("journal create", || META_DIR.into())?;
+    let epoch = st.journal.epoch;
+    st.journal_files.insert(epoch, f.clone());
+    st.journal.file = f.clone();
+    st.journal.nonce = 0;
+    sync.rotate(epoch, f, journal::FILE_HEADER_LEN);
+    Ok(())
 }
 
 /// Makes the spare the journal `jp` of epoch `next`: the new header is

@@ -188,4 +188,15 @@ fn close_leaves_no_spare() {
     let (jp, recs, _) = common::journal_records(&*fs);
     assert!(recs.is_empty());
     assert_eq!(fs.lstat(&jp).unwrap().size, FILE_HEADER_LEN, "close's checkpoint started a fresh journal");
+    // ...in the unkeyed format, which binaries from before the nonce open.
+    let mut h = [0u8; 8];
+    fs.read_at(&jp, 0, &mut h).unwrap();
+    assert_eq!(&h, txfs_engine::journal::FILE_MAGIC, "close left a keyed journal");
+    // And this binary goes on from it.
+    let engine = Engine::open(fs.clone(), opts()).expect("reopen");
+    let f = engine.lookup(None, ObjId::ROOT, OsStr::new("f")).expect("lookup").obj;
+    write_f(&engine, f, b'K');
+    drop(engine);
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("engine still holds the fs"));
+    assert_eq!(open_content(fs.crash(&mut CrashPlan::keep_all()), "after reopen") as char, 'K');
 }
