@@ -105,9 +105,10 @@
  *     finds the change counter this connection committed (V4's check: the
  *     bytes enter its read set, so a commit racing the truncate makes it
  *     conflict); it commits ORDERED at the unlock. If the counter differs,
- *     or that commit fails, the truncate is skipped: a file longer than its
- *     header's page count is valid SQLite, and the COMMIT, already made,
- *     reports success. (Before V11 the truncate's level was aborted, so a
+ *     any call of the tail fails (a racing commit makes even the truncate's
+ *     SETATTR conflict), or the tail's commit fails, the truncate is
+ *     skipped: a file longer than its header's page count is valid SQLite,
+ *     and the COMMIT, already made, reports success. (Before V11 the truncate's level was aborted, so a
  *     database never shrank.)
  */
 #define _GNU_SOURCE
@@ -571,6 +572,19 @@ static int tail_level(TxfsFile *f)
     return 1;
 }
 
+static void drop_run(TxfsFile *f);
+
+/* V11: give the tail level up: its writes go, the file stays longer, and
+ * the caller reports success (the COMMIT was made). */
+static int tail_give_up(TxfsFile *f)
+{
+    f->tail_skip = 1;
+    drop_run(f);
+    if (level_valid(f))
+        (void)level_end(f, 0);
+    return SQLITE_OK;
+}
+
 static int map_errno(TxfsFile *f, int e, int dflt)
 {
     if (e == TXFS_ECONFLICT) {
@@ -777,7 +791,7 @@ static int txfs_write(sqlite3_file *pf, const void *buf, int amt, sqlite3_int64 
     if (f->nrec > 0 && gather(f, buf, amt, off))
         return SQLITE_OK;
     if ((rc = flush_run(f)) != SQLITE_OK)
-        return rc;
+        return f->committed ? tail_give_up(f) : rc;
     if (level_valid(f)) {
         if (!f->run) {
             void *p = NULL;
@@ -789,6 +803,8 @@ static int txfs_write(sqlite3_file *pf, const void *buf, int amt, sqlite3_int64 
             return SQLITE_OK;
     }
     int e = pwrite_full(f->fd, buf, amt, off);
+    if (e && f->committed)
+        return tail_give_up(f);
     return e ? map_errno(f, e, SQLITE_IOERR_WRITE) : SQLITE_OK;
 }
 
@@ -807,9 +823,14 @@ static int txfs_truncate(sqlite3_file *pf, sqlite3_int64 size)
         f->wrote = 1;
     f->pre_head_ok = f->pre_size_ok = 0;
     if ((rc = flush_run(f)) != SQLITE_OK)
-        return rc;
-    if (ftruncate(f->fd, (off_t)size) != 0)
+        return f->committed ? tail_give_up(f) : rc;
+    if (ftruncate(f->fd, (off_t)size) != 0) {
+        /* V11: in the tail a racing commit makes the SETATTR conflict
+         * (EDEADLK from the daemon's eager check): skip, do not fail. */
+        if (f->committed)
+            return tail_give_up(f);
         return map_errno(f, errno, SQLITE_IOERR_TRUNCATE);
+    }
     return SQLITE_OK;
 }
 
@@ -830,6 +851,10 @@ static int txfs_file_size(sqlite3_file *pf, sqlite3_int64 *size)
         rc = ensure_level(f);
     if (rc == SQLITE_OK)
         rc = flush_run(f);
+    if (rc != SQLITE_OK && f->committed) {
+        *size = 0; /* whatever the pager then does to the file is skipped */
+        return tail_give_up(f);
+    }
     if (rc != SQLITE_OK)
         return rc;
     if (f->pre_size_ok) {
@@ -839,8 +864,13 @@ static int txfs_file_size(sqlite3_file *pf, sqlite3_int64 *size)
         return SQLITE_OK;
     }
     struct stat st;
-    if (fstat(f->fd, &st) != 0)
+    if (fstat(f->fd, &st) != 0) {
+        if (f->committed) {
+            *size = 0; /* as above */
+            return tail_give_up(f);
+        }
         return map_errno(f, errno, SQLITE_IOERR_FSTAT);
+    }
     *size = st.st_size;
     return SQLITE_OK;
 }
