@@ -134,7 +134,7 @@ pub fn spare_path() -> PathBuf {
 /// first when a checkpoint or a commit runs out of space.
 pub const SPARE_MAX: u64 = 256 << 20;
 
-/// Where [`plain_empty_journal`] builds its file.
+/// Where [`key_empty_journal`] builds its file.
 fn plain_tmp_path() -> PathBuf {
     Path::new(META_DIR).join("journal-plain.tmp")
 }
@@ -151,32 +151,31 @@ pub fn drop_spare(s: &dyn Storage) -> Result<()> {
     Ok(())
 }
 
-/// At unmount, with nothing committed since the last checkpoint: replaces
-/// the live journal (keyed, perhaps recycled with old bytes) by its header
-/// alone in the older, unkeyed format, so that an unmounted tree holds no
-/// old bytes and binaries from before the nonce can still open it. Built
-/// beside it and renamed over it: a crash leaves one or the other.
-pub(crate) fn plain_empty_journal(st: &mut State, sync: &SyncState) -> Result<()> {
-    if !st.committed.is_empty() || st.frozen.is_some() || st.journal.end != journal::FILE_HEADER_LEN {
-        return Ok(());
-    }
-    let s = st.storage.clone();
+/// Recovery, for a journal in the older unkeyed format (`TXFSJNL1`) with
+/// no record: replaces it by the same empty journal, keyed with a fresh
+/// nonce, so that no epoch after an upgrade appends unkeyed records (whose
+/// checksums a user could forge in file data: journal.rs). Built beside it
+/// and renamed over it; a crash leaves one or the other, and a half-built
+/// file is deleted by the next recovery ([`drop_spare`]). Returns the new
+/// file and its nonce.
+pub(crate) fn key_empty_journal(
+    s: &dyn Storage,
+    jp: &Path,
+    epoch: Epoch,
+    prev_seq: Seq,
+) -> Result<(Arc<dyn StoredFile>, u32)> {
     let tmp = plain_tmp_path();
     let what = || tmp.display().to_string();
+    let nonce = journal::new_nonce();
     let f = s.open_file(&tmp, true).ctx("journal create", what)?;
     f.set_len(0).ctx("journal create", what)?;
-    f.write_at(0, &journal::file_header(st.journal.epoch, st.seq, 0)).ctx("journal create", what)?;
+    f.write_at(0, &journal::file_header(epoch, prev_seq, nonce)).ctx("journal create", what)?;
     f.sync_data().ctx("journal create", what)?;
-    s.rename(&tmp, &st.journal.path).ctx("journal create", || st.journal.path.display().to_string())?;
+    s.rename(&tmp, jp).ctx("journal create", || jp.display().to_string())?;
     let jdir = Path::new(META_DIR).join("journal");
     s.fsync(&jdir).ctx("journal create", || jdir.display().to_string())?;
     s.fsync(Path::new(META_DIR)).ctx("journal create", || META_DIR.into())?;
-    let epoch = st.journal.epoch;
-    st.journal_files.insert(epoch, f.clone());
-    st.journal.file = f.clone();
-    st.journal.nonce = 0;
-    sync.rotate(epoch, f, journal::FILE_HEADER_LEN);
-    Ok(())
+    Ok((f, nonce))
 }
 
 /// Makes the spare the journal `jp` of epoch `next`: the new header is

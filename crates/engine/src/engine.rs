@@ -1634,11 +1634,19 @@ impl Engine {
         self.checkpoint()?;
         let _one = self.shared.ckpt_lock.lock();
         crate::checkpoint::drop_spare(&*storage)?;
-        // The journal is now its header alone (or holds what commits raced
-        // the checkpoint): leave no old bytes of a recycled file, and a
-        // format that older binaries open.
-        let mut st = self.lock();
-        crate::checkpoint::plain_empty_journal(&mut st, &self.shared.sync)
+        // A checkpoint with nothing to do leaves the journal as it is: if it
+        // is a recycled one, its old bytes go now (nothing is committed, so
+        // nothing follows the header). The same file goes on, keyed: a
+        // failure here leaves the engine writing where recovery looks.
+        let st = self.lock();
+        if st.committed.is_empty() && st.frozen.is_none() {
+            let j = &st.journal;
+            if j.file.len().ctx("journal stat", || j.path.display().to_string())? > j.end {
+                j.file.set_len(j.end).ctx("journal cut", || j.path.display().to_string())?;
+                j.file.sync_data().ctx("journal cut", || j.path.display().to_string())?;
+            }
+        }
+        Ok(())
     }
 
     fn stop_bg(&self) {

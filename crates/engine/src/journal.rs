@@ -72,7 +72,7 @@
 //! written a new header (new nonce) and synced before it is renamed into
 //! place; recovery deletes a spare before anything else (a rename cut by a
 //! crash can leave it a second name of a live journal), and
-//! `Engine::shutdown` drops it and leaves an empty unkeyed journal.
+//! `Engine::shutdown` drops it and cuts a recycled journal's old bytes.
 //! Older journals (`TXFSJNL1`, nonce 0) are read as before; binaries that
 //! predate the nonce refuse a `TXFSJNL2` journal ("bad journal file
 //! header") rather than misread it.

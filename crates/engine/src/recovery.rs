@@ -258,7 +258,18 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
             .ctx("journal init", || jp.display().to_string())?;
         jf.sync_data().ctx("journal init", || jp.display().to_string())?;
     }
-    let scan = journal::scan(&*jf, &jp, epoch)?;
+    let mut scan = journal::scan(&*jf, &jp, epoch)?;
+    let mut jf = jf;
+    if scan.nonce == 0 && scan.records.is_empty() {
+        // An older, unkeyed journal with nothing in it: key it before
+        // anything is appended (journal.rs, byte layout). One with records
+        // is checkpointed by `Engine::open`, and the next journal is keyed.
+        let (f, nonce) = checkpoint::key_empty_journal(s, &jp, epoch, scan.prev_seq)?;
+        jf = f;
+        scan.nonce = nonce;
+        scan.cut = None;
+        scan.valid_end = journal::FILE_HEADER_LEN;
+    }
     if let Some((at, why)) = &scan.cut {
         if why.starts_with(journal::STALE_END) {
             tracing::debug!(journal = %jp.display(), offset = at, reason = %why, "cutting a recycled journal's old bytes");

@@ -188,10 +188,10 @@ fn close_leaves_no_spare() {
     let (jp, recs, _) = common::journal_records(&*fs);
     assert!(recs.is_empty());
     assert_eq!(fs.lstat(&jp).unwrap().size, FILE_HEADER_LEN, "close's checkpoint started a fresh journal");
-    // ...in the unkeyed format, which binaries from before the nonce open.
+    // ...keyed, like every journal this version writes.
     let mut h = [0u8; 8];
     fs.read_at(&jp, 0, &mut h).unwrap();
-    assert_eq!(&h, txfs_engine::journal::FILE_MAGIC, "close left a keyed journal");
+    assert_eq!(&h, txfs_engine::journal::FILE_MAGIC_KEYED, "close left an unkeyed journal");
     // And this binary goes on from it.
     let engine = Engine::open(fs.clone(), opts()).expect("reopen");
     let f = engine.lookup(None, ObjId::ROOT, OsStr::new("f")).expect("lookup").obj;
@@ -199,4 +199,45 @@ fn close_leaves_no_spare() {
     drop(engine);
     let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("engine still holds the fs"));
     assert_eq!(open_content(fs.crash(&mut CrashPlan::keep_all()), "after reopen") as char, 'K');
+}
+
+/// A tree last closed by a version without the nonce holds an empty
+/// `TXFSJNL1` journal. Recovery keys it before anything is appended, so no
+/// epoch after an upgrade writes unkeyed records.
+#[test]
+fn an_empty_unkeyed_journal_from_an_older_version_is_keyed_at_mount() {
+    // An older version's clean close: an empty unkeyed journal of the epoch.
+    let fs = Arc::new(CrashFs::new(MemFs::new()));
+    let engine = Engine::open(fs.clone(), opts()).expect("open");
+    let tx = engine.begin();
+    let f = engine.create(Some(tx), ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).expect("create").obj;
+    engine.write(Some(tx), f, 0, &[b'A'; 4096]).expect("write");
+    engine.commit(tx, Durability::Durable).expect("commit");
+    engine.close().expect("close");
+    let (jp, _, _) = common::journal_records(&*fs);
+    let mut h = [0u8; FILE_HEADER_LEN as usize];
+    fs.read_at(&jp, 0, &mut h).unwrap();
+    let epoch = txfs_engine::Epoch(u64::from_le_bytes(h[8..16].try_into().unwrap()));
+    let prev = txfs_engine::Seq(u64::from_le_bytes(h[16..24].try_into().unwrap()));
+    fs.write_at(&jp, 0, &txfs_engine::journal::file_header(epoch, prev, 0)).unwrap();
+    let mut m = [0u8; 8];
+    fs.read_at(&jp, 0, &mut m).unwrap();
+    assert_eq!(&m, txfs_engine::journal::FILE_MAGIC);
+
+    let engine = Engine::open(fs.clone(), opts()).expect("mount after the upgrade");
+    fs.read_at(&jp, 0, &mut m).unwrap();
+    assert_eq!(&m, txfs_engine::journal::FILE_MAGIC_KEYED, "the mount went on with an unkeyed journal");
+    let f = engine.lookup(None, ObjId::ROOT, OsStr::new("f")).expect("lookup f").obj;
+    write_f(&engine, f, b'B');
+    drop(engine);
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("engine still holds the fs"));
+    let img = fs.crash(&mut CrashPlan::keep_all());
+    let rep = txfs_engine::check(&img).expect("check");
+    assert!(rep.problems.is_empty(), "{:?}", rep.problems);
+    assert_eq!(open_content(img, "after the upgrade") as char, 'B');
+    // A crash in the middle of keying is recovered like any other.
+    for seed in 0..20u64 {
+        let ctx = format!("CrashPlan::random({seed})");
+        assert_eq!(open_content(fs.crash(&mut CrashPlan::random(seed)), &ctx) as char, 'B', "{ctx}");
+    }
 }
