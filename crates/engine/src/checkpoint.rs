@@ -135,13 +135,13 @@ pub fn spare_path() -> PathBuf {
 pub const SPARE_MAX: u64 = 256 << 20;
 
 /// Where [`key_empty_journal`] builds its file.
-fn plain_tmp_path() -> PathBuf {
-    Path::new(META_DIR).join("journal-plain.tmp")
+fn rebuild_tmp_path() -> PathBuf {
+    Path::new(META_DIR).join("journal-new.tmp")
 }
 
 /// Deletes the spare journal (and a half-built plain one), if there is one.
 pub fn drop_spare(s: &dyn Storage) -> Result<()> {
-    for sp in [spare_path(), plain_tmp_path()] {
+    for sp in [spare_path(), rebuild_tmp_path()] {
         match s.unlink(&sp) {
             Ok(()) => s.fsync(Path::new(META_DIR)).ctx("journal spare", || META_DIR.into())?,
             Err(e) if is_missing(&e) => {}
@@ -164,7 +164,7 @@ pub(crate) fn key_empty_journal(
     epoch: Epoch,
     prev_seq: Seq,
 ) -> Result<(Arc<dyn StoredFile>, u32)> {
-    let tmp = plain_tmp_path();
+    let tmp = rebuild_tmp_path();
     let what = || tmp.display().to_string();
     let nonce = journal::new_nonce();
     let f = s.open_file(&tmp, true).ctx("journal create", what)?;

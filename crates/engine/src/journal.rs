@@ -254,8 +254,11 @@ pub fn header_nonce(h: &[u8; 32]) -> Option<u32> {
     if !magic_ok || u32::from_le_bytes(h[24..28].try_into().expect("4 bytes")) != header_crc(h) {
         return None;
     }
+    if &h[0..8] == FILE_MAGIC {
+        return Some(0); // bytes 28..32 were never checked there
+    }
     let nonce = u32::from_le_bytes(h[28..32].try_into().expect("4 bytes"));
-    (nonce != 0 || &h[0..8] == FILE_MAGIC).then_some(if &h[0..8] == FILE_MAGIC { 0 } else { nonce })
+    (nonce != 0).then_some(nonce)
 }
 
 /// A fresh non-zero nonce for a new journal file (`getrandom`, else the

@@ -40,6 +40,19 @@ fn open_content(img: MemFs, ctx: &str) -> u8 {
     content(&engine)
 }
 
+/// `txfs check` finds no damage after a power cut that keeps everything,
+/// and that cut and `seeds` random ones all recover f = `want`.
+fn recovers_to(fs: &CrashFs, want: char, seeds: u64, ctx: &str) {
+    let img = fs.crash(&mut CrashPlan::keep_all());
+    let rep = txfs_engine::check(&img).expect("check");
+    assert!(rep.problems.is_empty(), "{ctx}: check reports damage: {:?}", rep.problems);
+    assert_eq!(open_content(img, ctx) as char, want, "{ctx}: keep_all");
+    for seed in 0..seeds {
+        let c = format!("{ctx}: power cut CrashPlan::random({seed})");
+        assert_eq!(open_content(fs.crash(&mut CrashPlan::random(seed)), &c) as char, want, "{c}");
+    }
+}
+
 /// Epoch 1: f = 'A' (created, checkpointed). Epoch 2: 'B'..'E', four records
 /// of one size. Epoch 3 (epoch 1's file): 'F'. Epoch 4 (epoch 2's file):
 /// 'G', 'H' — after them lies epoch 2's third record, exactly where a
@@ -87,14 +100,9 @@ fn old_records_after_the_last_new_one_end_the_journal() {
     let mut h = [0u8; REC_HEADER_LEN as usize];
     img.read_at(&jp, end, &mut h).unwrap();
     assert_eq!(u32::from_le_bytes(h[0..4].try_into().unwrap()), REC_MAGIC, "no old record lines up at {end}");
-    let rep = txfs_engine::check(&img).expect("check");
-    assert!(rep.problems.is_empty(), "check reports damage in a healthy recycled journal: {:?}", rep.problems);
-    assert_eq!(open_content(img, "keep_all") as char, 'H');
+    drop(img);
     // Every commit was acknowledged durable: any power cut keeps them all.
-    for seed in 0..40u64 {
-        let ctx = format!("power cut CrashPlan::random({seed})");
-        assert_eq!(open_content(fs.crash(&mut CrashPlan::random(seed)), &ctx) as char, 'H', "{ctx}");
-    }
+    recovers_to(&fs, 'H', 40, "healthy recycled journal");
 }
 
 #[test]
@@ -231,13 +239,5 @@ fn an_empty_unkeyed_journal_from_an_older_version_is_keyed_at_mount() {
     write_f(&engine, f, b'B');
     drop(engine);
     let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("engine still holds the fs"));
-    let img = fs.crash(&mut CrashPlan::keep_all());
-    let rep = txfs_engine::check(&img).expect("check");
-    assert!(rep.problems.is_empty(), "{:?}", rep.problems);
-    assert_eq!(open_content(img, "after the upgrade") as char, 'B');
-    // A crash in the middle of keying is recovered like any other.
-    for seed in 0..20u64 {
-        let ctx = format!("CrashPlan::random({seed})");
-        assert_eq!(open_content(fs.crash(&mut CrashPlan::random(seed)), &ctx) as char, 'B', "{ctx}");
-    }
+    recovers_to(&fs, 'B', 20, "after the upgrade");
 }

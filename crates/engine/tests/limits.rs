@@ -369,22 +369,32 @@ fn concurrent_spilled_writes_land_whole() {
     assert!(leftovers(&*fs).is_empty());
 }
 
-/// Story: a checkpoint kept the journal it retired as the spare (to become
-/// a later epoch's journal, journal.rs "Recycled journals"); then the disk
-/// fills up. The commit that does not fit fails whole, and gives the
-/// spare's space back, so its retry fits.
-#[test]
-fn a_full_disk_gets_the_spare_journal_back() {
+/// A small disk whose engine checkpointed a 3 MiB journal into the spare
+/// (journal.rs, "Recycled journals"): the bytes left, the disk, the
+/// options, the engine, the file "f", the spare's path.
+#[allow(clippy::type_complexity)]
+fn with_spare() -> (Arc<AtomicU64>, Arc<SmallDisk>, fn() -> Options, Engine, ObjId, std::path::PathBuf) {
+    fn o() -> Options {
+        Options { stage_threshold: u64::MAX, checkpoint_bytes: u64::MAX, ..opts(64 << 20) }
+    }
     let left = Arc::new(AtomicU64::new(u64::MAX));
     let disk = Arc::new(SmallDisk { inner: MemFs::new(), left: left.clone() });
-    let o = || Options { stage_threshold: u64::MAX, checkpoint_bytes: u64::MAX, ..opts(64 << 20) };
     let e = Engine::open(disk.clone(), o()).unwrap();
     let tx = e.begin();
     let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
     e.write(Some(tx), f, 0, &pattern(3 << 20, 1)).unwrap();
     e.commit(tx, Durability::Durable).unwrap();
     e.checkpoint().unwrap();
-    let spare = Path::new(META_DIR).join("journal-spare");
+    (left, disk, o, e, f, Path::new(META_DIR).join("journal-spare"))
+}
+
+/// Story: a checkpoint kept the journal it retired as the spare (to become
+/// a later epoch's journal, journal.rs "Recycled journals"); then the disk
+/// fills up. The commit that does not fit fails whole, and gives the
+/// spare's space back, so its retry fits.
+#[test]
+fn a_full_disk_gets_the_spare_journal_back() {
+    let (left, disk, o, e, f, spare) = with_spare();
     assert!(disk.lstat(&spare).is_ok_and(|m| m.size > 3 << 20), "no 3 MiB spare after the checkpoint");
 
     left.store(1 << 20, Ordering::SeqCst); // 1 MiB of disk left
@@ -409,16 +419,7 @@ fn a_full_disk_gets_the_spare_journal_back() {
 /// holds: it gives the spare back and runs, instead of being postponed.
 #[test]
 fn a_checkpoint_short_of_space_gets_the_spare_journal_back() {
-    let left = Arc::new(AtomicU64::new(u64::MAX));
-    let disk = Arc::new(SmallDisk { inner: MemFs::new(), left: left.clone() });
-    let o = || Options { stage_threshold: u64::MAX, checkpoint_bytes: u64::MAX, ..opts(64 << 20) };
-    let e = Engine::open(disk.clone(), o()).unwrap();
-    let tx = e.begin();
-    let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
-    e.write(Some(tx), f, 0, &pattern(3 << 20, 1)).unwrap();
-    e.commit(tx, Durability::Durable).unwrap();
-    e.checkpoint().unwrap();
-    let spare = Path::new(META_DIR).join("journal-spare");
+    let (left, disk, _, e, f, spare) = with_spare();
     assert!(disk.lstat(&spare).is_ok(), "no spare after the checkpoint");
     let tx = e.begin();
     e.write(Some(tx), f, 0, &pattern(1 << 20, 2)).unwrap();

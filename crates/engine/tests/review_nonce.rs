@@ -10,32 +10,12 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use txfs_engine::journal::{file_header, FILE_MAGIC_KEYED, KIND_COMMIT, REC_HEADER_LEN, REC_MAGIC, REC_VERSION};
+use txfs_engine::journal::{file_header, FILE_MAGIC_KEYED, REC_HEADER_LEN};
 use txfs_engine::storage::{CrashFs, CrashPlan, MemFs, Storage};
 use txfs_engine::{Durability, Engine, Epoch, Error, ObjId, Options, Seq};
 
 fn opts() -> Options {
     Options { flush_interval: None, checkpoint_bytes: u64::MAX, ..Default::default() }
-}
-
-/// A whole record in the unkeyed (TXFSJNL1) format.
-fn record(seq: u64, durable_upto: u64, meta: &[u8], data_len_claim: u64, data: &[u8]) -> Vec<u8> {
-    let mut h = [0u8; REC_HEADER_LEN as usize];
-    h[0..4].copy_from_slice(&REC_MAGIC.to_le_bytes());
-    h[4..6].copy_from_slice(&REC_VERSION.to_le_bytes());
-    h[6..8].copy_from_slice(&KIND_COMMIT.to_le_bytes());
-    h[8..16].copy_from_slice(&seq.to_le_bytes());
-    h[16..24].copy_from_slice(&durable_upto.to_le_bytes());
-    h[24..28].copy_from_slice(&(meta.len() as u32).to_le_bytes());
-    h[32..40].copy_from_slice(&data_len_claim.to_le_bytes());
-    let mut crc = crc32c::crc32c(&h[0..40]);
-    crc = crc32c::crc32c_append(crc, meta);
-    crc = crc32c::crc32c_append(crc, data);
-    h[40..44].copy_from_slice(&crc.to_le_bytes());
-    let mut v = h.to_vec();
-    v.extend_from_slice(meta);
-    v.extend_from_slice(data);
-    v
 }
 
 fn magic(s: &dyn Storage) -> [u8; 8] {
@@ -92,7 +72,7 @@ fn setup(remount: bool) -> (Arc<CrashFs>, Engine) {
 /// The same commit in a keyed epoch is cut as a torn tail.
 #[test]
 fn bug_unkeyed_epoch_after_remount_lets_user_data_fake_damage() {
-    let fake = record(u64::MAX / 2, u64::MAX, &[], 0, &[]);
+    let fake = common::unkeyed_record(u64::MAX / 2, u64::MAX, &[], 0, &[]);
     let mut payload = vec![b'x'; 5000];
     payload.extend_from_slice(&fake);
     payload.extend_from_slice(&[b'y'; 5000]);

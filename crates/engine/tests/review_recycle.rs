@@ -19,34 +19,13 @@ use std::sync::Arc;
 use std::time::Instant;
 use txfs_engine::delta::NO_CUT;
 use txfs_engine::journal::{
-    CommitRecord, ObjRef, RecAttr, RecFile, RecObj, FILE_HEADER_LEN, KIND_COMMIT, REC_HEADER_LEN, REC_MAGIC,
-    REC_VERSION,
+    CommitRecord, ObjRef, RecAttr, RecFile, RecObj, FILE_HEADER_LEN, REC_HEADER_LEN, REC_VERSION,
 };
 use txfs_engine::storage::{CrashFs, CrashPlan, MemFs, Storage};
 use txfs_engine::{Durability, Engine, ObjId, Options};
 
 fn opts() -> Options {
     Options { flush_interval: None, checkpoint_bytes: u64::MAX, ..Default::default() }
-}
-
-/// A whole record as the journal writer would write it.
-fn record(seq: u64, durable_upto: u64, meta: &[u8], data_len_claim: u64, data: &[u8]) -> Vec<u8> {
-    let mut h = [0u8; REC_HEADER_LEN as usize];
-    h[0..4].copy_from_slice(&REC_MAGIC.to_le_bytes());
-    h[4..6].copy_from_slice(&REC_VERSION.to_le_bytes());
-    h[6..8].copy_from_slice(&KIND_COMMIT.to_le_bytes());
-    h[8..16].copy_from_slice(&seq.to_le_bytes());
-    h[16..24].copy_from_slice(&durable_upto.to_le_bytes());
-    h[24..28].copy_from_slice(&(meta.len() as u32).to_le_bytes());
-    h[32..40].copy_from_slice(&data_len_claim.to_le_bytes());
-    let mut crc = crc32c::crc32c(&h[0..40]);
-    crc = crc32c::crc32c_append(crc, meta);
-    crc = crc32c::crc32c_append(crc, data);
-    h[40..44].copy_from_slice(&crc.to_le_bytes());
-    let mut v = h.to_vec();
-    v.extend_from_slice(meta);
-    v.extend_from_slice(data);
-    v
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -112,7 +91,7 @@ fn user_data_in_a_recycled_journal_is_not_replayed_as_a_commit() {
     };
     let (meta, version) = rec.encode().unwrap();
     assert_eq!(version, REC_VERSION);
-    let forged = record(5, 0, &meta, 6, b"PWNED!");
+    let forged = common::unkeyed_record(5, 0, &meta, 6, b"PWNED!");
     // Epoch 2 (seq 2): the attacker writes it into f, 1000 bytes in.
     let mut payload = vec![b'x'; 1000];
     payload.extend_from_slice(&forged);
@@ -175,7 +154,7 @@ fn recycled_with(payload: &[u8], big: usize) -> (Arc<CrashFs>, Engine) {
 /// journal is the recycled one), and after a power cut.
 #[test]
 fn user_data_in_a_recycled_journal_is_not_damage() {
-    let fake = record(u64::MAX / 2, u64::MAX, &[], 0, &[]);
+    let fake = common::unkeyed_record(u64::MAX / 2, u64::MAX, &[], 0, &[]);
     let mut payload = vec![b'x'; 100];
     payload.extend_from_slice(&fake);
 
@@ -215,7 +194,7 @@ fn user_data_in_a_recycled_journal_is_not_damage() {
 #[test]
 fn probe_cost_of_user_data_in_a_recycled_journal() {
     let claim = 8u64 << 20;
-    let one = record(1 << 40, u64::MAX, &[], claim, &[]); // a would-be damage witness
+    let one = common::unkeyed_record(1 << 40, u64::MAX, &[], claim, &[]); // a would-be damage witness
     let mut fake = Vec::new();
     while fake.len() < (64 << 10) {
         fake.extend_from_slice(&one[..REC_HEADER_LEN as usize]);

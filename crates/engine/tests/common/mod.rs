@@ -226,3 +226,25 @@ macro_rules! pass_through {
 }
 #[allow(unused_imports)]
 pub(crate) use pass_through;
+
+/// A whole journal record in the unkeyed (`TXFSJNL1`) format, as a user could
+/// write it into a file: the forgery keyed journals must reject.
+pub fn unkeyed_record(seq: u64, durable_upto: u64, meta: &[u8], data_len_claim: u64, data: &[u8]) -> Vec<u8> {
+    use txfs_engine::journal as jn;
+    let mut h = [0u8; jn::REC_HEADER_LEN as usize];
+    h[0..4].copy_from_slice(&jn::REC_MAGIC.to_le_bytes());
+    h[4..6].copy_from_slice(&jn::REC_VERSION.to_le_bytes());
+    h[6..8].copy_from_slice(&jn::KIND_COMMIT.to_le_bytes());
+    h[8..16].copy_from_slice(&seq.to_le_bytes());
+    h[16..24].copy_from_slice(&durable_upto.to_le_bytes());
+    h[24..28].copy_from_slice(&(meta.len() as u32).to_le_bytes());
+    h[32..40].copy_from_slice(&data_len_claim.to_le_bytes());
+    let mut crc = crc32c::crc32c(&h[0..40]);
+    crc = crc32c::crc32c_append(crc, meta);
+    crc = crc32c::crc32c_append(crc, data);
+    h[40..44].copy_from_slice(&crc.to_le_bytes());
+    let mut v = h.to_vec();
+    v.extend_from_slice(meta);
+    v.extend_from_slice(data);
+    v
+}
