@@ -762,7 +762,13 @@ def machine() -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, kernel {platform.release()}"
+    try:
+        with open("/sys/module/fuse/parameters/enable_uring") as f:
+            uring = f.read().strip() == "Y"
+    except OSError:
+        uring = False
+    transport = "FUSE over io_uring" if uring else "/dev/fuse"
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, kernel {platform.release()}, txfs requests over {transport}"
 
 
 def disk_desc(root: str) -> str:

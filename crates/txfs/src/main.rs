@@ -338,6 +338,10 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     config.mount_options = mopts;
     config.acl = acl;
     config.n_threads = Some(std::env::var("TXFS_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(16));
+    // FUSE over io_uring when the kernel offers it (6.14+, the fuse module's
+    // enable_uring parameter): threads per CPU, pinned, so a request and its
+    // reply do not wake another CPU (bench/NOTES.md item 25).
+    config.uring_threads = Some(std::env::var("TXFS_URING_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(8));
     let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
     let _ = notifier_slot.set(session.notifier());
     // Kernel caching while no transaction is live needs FUSE_NOTIFY_INC_EPOCH.
@@ -349,6 +353,13 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
         tracing::info!("kernel caches entries and attributes while no transaction is live");
     } else {
         tracing::warn!("kernel lacks FUSE_NOTIFY_INC_EPOCH (6.16+): entries and attributes are never cached");
+    }
+    if session.io_uring() {
+        tracing::info!("requests arrive over io_uring, one queue per CPU");
+    } else if std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "N") {
+        tracing::info!(
+            "requests arrive on /dev/fuse (FUSE over io_uring is off: /sys/module/fuse/parameters/enable_uring)"
+        );
     }
     tracing::info!(backing = %backing.display(), mountpoint = %point.display(), "serving");
     session.run().map_err(|e| format!("FUSE session: {e}"))?;

@@ -26,6 +26,11 @@ impl Channel {
         Self(device)
     }
 
+    /// The device this channel reads.
+    pub(crate) fn device(&self) -> &Arc<DevFuse> {
+        &self.0
+    }
+
     /// Receives data up to the capacity of the given buffer (can block).
     fn receive(&self, buffer: &mut [u8]) -> nix::Result<usize> {
         nix::unistd::read(&self.0, buffer)
@@ -53,7 +58,7 @@ impl Channel {
     pub(crate) fn sender(&self) -> ChannelSender {
         // Since write/writev syscalls are threadsafe, we can simply create
         // a sender by using the same file and use it in other threads.
-        ChannelSender(self.0.clone())
+        ChannelSender::Dev(self.0.clone())
     }
 
     /// Clone the FUSE device fd using FUSE_DEV_IOC_CLONE ioctl.
@@ -79,12 +84,23 @@ impl Channel {
     }
 }
 
+/// Where a reply goes: written to `/dev/fuse`, or into the io_uring entry
+/// that carried the request (txfs addition, see `uring.rs`).
 #[derive(Clone, Debug)]
-pub(crate) struct ChannelSender(Arc<DevFuse>);
+pub(crate) enum ChannelSender {
+    Dev(Arc<DevFuse>),
+    #[cfg(target_os = "linux")]
+    Ring(Arc<crate::uring::RingReply>),
+}
 
 impl ChannelSender {
     pub(crate) fn send(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<()> {
-        let rc = nix::sys::uio::writev(&self.0, bufs)?;
+        let dev = match self {
+            ChannelSender::Dev(dev) => dev,
+            #[cfg(target_os = "linux")]
+            ChannelSender::Ring(ring) => return ring.send(bufs),
+        };
+        let rc = nix::sys::uio::writev(dev, bufs)?;
         // writev is atomic, so do not need to check how many bytes are written.
         // libfuse does not do it either
         // https://github.com/libfuse/libfuse/blob/6278995cca991978abd25ebb2c20ebd3fc9e8a13/lib/fuse_lowlevel.c#L267
@@ -93,10 +109,18 @@ impl ChannelSender {
     }
 
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
-        BackingId::create(&self.0, fd)
+        match self {
+            ChannelSender::Dev(dev) => BackingId::create(dev, fd),
+            #[cfg(target_os = "linux")]
+            ChannelSender::Ring(ring) => ring.open_backing(fd),
+        }
     }
 
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
-        unsafe { BackingId::wrap_raw(&self.0, id) }
+        match self {
+            ChannelSender::Dev(dev) => unsafe { BackingId::wrap_raw(dev, id) },
+            #[cfg(target_os = "linux")]
+            ChannelSender::Ring(ring) => unsafe { ring.wrap_backing(id) },
+        }
     }
 }

@@ -100,6 +100,8 @@ mod reply;
 mod request;
 mod request_param;
 mod session;
+#[cfg(target_os = "linux")]
+mod uring;
 mod time;
 
 /// We generally support async reads

@@ -139,6 +139,8 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// Payload size of an io_uring entry, when the kernel granted io_uring.
+    pub(crate) uring_payload: Option<usize>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +188,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            uring_payload: None,
         };
 
         session.handshake()?;
@@ -214,6 +217,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            uring_payload: None,
         };
 
         session.handshake()?;
@@ -252,6 +256,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            uring_payload,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -269,6 +274,7 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut filesystem = Arc::new(filesystem);
 
+        let dev = ch.device().clone();
         let mut channels = Vec::with_capacity(n_threads);
 
         for _ in 0..n_threads_minus_one {
@@ -305,6 +311,23 @@ impl<FS: Filesystem> Session<FS> {
                     .spawn(move || event_loop.event_loop())?,
             );
         }
+
+        #[cfg(target_os = "linux")]
+        if let (Some(cap), Some(per_queue)) = (uring_payload, config.uring_threads) {
+            let make_loop = |thread_name: String| SessionEventLoop {
+                thread_name,
+                filesystem: filesystem.clone(),
+                ch: Channel::new(dev.clone()),
+                allowed,
+                session_owner,
+            };
+            match crate::uring::start(make_loop, &dev, per_queue, cap) {
+                Ok(ring_threads) => threads.extend(ring_threads),
+                Err(e) => warn!("FUSE io_uring threads: {e}; requests stay on /dev/fuse"),
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (uring_payload, &dev);
 
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
@@ -429,6 +452,18 @@ impl<FS: Filesystem> Session<FS> {
                 return Err(error);
             }
 
+            // FUSE over io_uring, when asked for and offered.
+            if self.config.uring_threads.is_some_and(|n| n > 0)
+                && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
+                && config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok()
+            {
+                #[cfg(target_os = "linux")]
+                {
+                    self.uring_payload =
+                        Some(crate::uring::payload_size(config.max_write, config.max_pages()));
+                }
+            }
+
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
 
@@ -475,6 +510,12 @@ impl<FS: Filesystem> Session<FS> {
 
             return Ok(());
         }
+    }
+
+    /// Whether requests will be served over io_uring (the kernel granted
+    /// it at INIT and `Config::uring_threads` asked for it).
+    pub fn io_uring(&self) -> bool {
+        self.uring_payload.is_some()
     }
 
     /// Unmount the filesystem

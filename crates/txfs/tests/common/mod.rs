@@ -294,6 +294,11 @@ impl Mount {
         self.start();
     }
 
+    /// Forgets the environment given by `restart_with_env` (for the next start).
+    pub fn clear_env(&mut self) {
+        self.env.clear();
+    }
+
     /// Starts the daemon over the same BACKING and MNT (a remount).
     pub fn start(&mut self) {
         assert!(self.daemon.is_none(), "the daemon is already running");

@@ -2,6 +2,7 @@
 
 mod argument;
 pub(crate) mod flags;
+#[allow(dead_code)] // upstream keeps the whole ABI, used or not
 pub(crate) mod fuse_abi;
 pub(crate) mod ioctl;
 pub(crate) mod ioslice_concat;

@@ -18,6 +18,10 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Threads per CPU queue for FUSE over io_uring, used when the kernel
+    /// offers it (Linux 6.14+ with the fuse module's `enable_uring` set);
+    /// `/dev/fuse` otherwise. Added for txfs.
+    pub uring_threads: Option<usize>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
