@@ -116,6 +116,12 @@ impl<'a> RequestWithSender<'a> {
 
             ll::Operation::Interrupt(_) => {
                 // TODO: handle FUSE_INTERRUPT
+                if se.ring_active {
+                    // ENOSYS would be written to /dev/fuse, where the kernel
+                    // cannot find a request that came over the ring (ENOENT);
+                    // not answering is allowed and leaves the request be.
+                    return Ok(None);
+                }
                 return Err(Errno::ENOSYS);
             }
 

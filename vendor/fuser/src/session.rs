@@ -121,6 +121,11 @@ impl Drop for UmountOnDrop {
     }
 }
 
+#[cfg(target_os = "linux")]
+pub(crate) type Rings = Vec<crate::uring::RingThread>;
+#[cfg(not(target_os = "linux"))]
+pub(crate) type Rings = ();
+
 /// The session data structure
 #[derive(Debug)]
 pub struct Session<FS: Filesystem> {
@@ -139,8 +144,10 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
-    /// Payload size of an io_uring entry, when the kernel granted io_uring.
-    pub(crate) uring_payload: Option<usize>,
+    /// The io_uring rings, set up before INIT granted io_uring.
+    pub(crate) uring: Option<Rings>,
+    /// Where it is mounted, when this session mounted it (io_uring's pump).
+    pub(crate) mountpoint: Option<std::path::PathBuf>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -188,7 +195,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
-            uring_payload: None,
+            uring: None,
+            mountpoint: Some(mountpoint.to_path_buf()),
         };
 
         session.handshake()?;
@@ -217,7 +225,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
-            uring_payload: None,
+            uring: None,
+            mountpoint: None,
         };
 
         session.handshake()?;
@@ -256,7 +265,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
-            uring_payload,
+            uring,
+            mountpoint: _,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -304,6 +314,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                ring_active: uring.is_some(),
             };
             threads.push(
                 thread::Builder::new()
@@ -313,21 +324,21 @@ impl<FS: Filesystem> Session<FS> {
         }
 
         #[cfg(target_os = "linux")]
-        if let (Some(cap), Some(per_queue)) = (uring_payload, config.uring_threads) {
+        if let Some(rings) = uring {
             let make_loop = |thread_name: String| SessionEventLoop {
                 thread_name,
                 filesystem: filesystem.clone(),
                 ch: Channel::new(dev.clone()),
                 allowed,
                 session_owner,
+                ring_active: true,
             };
-            match crate::uring::start(make_loop, &dev, per_queue, cap) {
-                Ok(ring_threads) => threads.extend(ring_threads),
-                Err(e) => warn!("FUSE io_uring threads: {e}; requests stay on /dev/fuse"),
-            }
+            // The kernel holds every request until each queue has an entry:
+            // a ring that cannot start must end the session, not hang it.
+            threads.extend(crate::uring::start(make_loop, rings)?);
         }
         #[cfg(not(target_os = "linux"))]
-        let _ = (uring_payload, &dev);
+        let _ = (uring, &dev);
 
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
@@ -452,15 +463,21 @@ impl<FS: Filesystem> Session<FS> {
                 return Err(error);
             }
 
-            // FUSE over io_uring, when asked for and offered.
-            if self.config.uring_threads.is_some_and(|n| n > 0)
+            // FUSE over io_uring, when asked for and offered. Once granted,
+            // the kernel holds every request until each queue has an entry,
+            // so the rings are set up first and only granted if they exist.
+            #[cfg(target_os = "linux")]
+            if let Some(per_queue) = self.config.uring_threads.filter(|&n| n > 0)
                 && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
-                && config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok()
             {
-                #[cfg(target_os = "linux")]
-                {
-                    self.uring_payload =
-                        Some(crate::uring::payload_size(config.max_write, config.max_pages()));
+                let cap = crate::uring::payload_size(config.max_write, config.max_pages());
+                match crate::uring::prepare(self.ch.device(), per_queue, cap, self.mountpoint.clone()) {
+                    Ok(rings) => {
+                        if config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok() {
+                            self.uring = Some(rings);
+                        }
+                    }
+                    Err(e) => warn!("FUSE io_uring: {e}; requests stay on /dev/fuse"),
                 }
             }
 
@@ -515,7 +532,7 @@ impl<FS: Filesystem> Session<FS> {
     /// Whether requests will be served over io_uring (the kernel granted
     /// it at INIT and `Config::uring_threads` asked for it).
     pub fn io_uring(&self) -> bool {
-        self.uring_payload.is_some()
+        self.uring.is_some()
     }
 
     /// Unmount the filesystem
@@ -559,6 +576,9 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// Requests may come over io_uring: FUSE_INTERRUPT is ignored, since
+    /// an answer on /dev/fuse cannot name a request the ring carried.
+    pub(crate) ring_active: bool,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {

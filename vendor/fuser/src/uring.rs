@@ -24,9 +24,15 @@
 use std::io;
 use std::io::IoSlice;
 use std::os::fd::AsRawFd;
+use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::path::PathBuf;
 use std::sync::Condvar;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
 
 use io_uring::IoUring;
 use io_uring::cqueue;
@@ -112,6 +118,8 @@ struct ReplyState {
     direct: bool,
     /// The reply, when it cannot be written in place yet.
     staged: Vec<u8>,
+    /// The ring thread moved on without the reply: tell it through `wake`.
+    parked: bool,
 }
 
 /// One ring entry's buffers and the reply slot handed to fuser's replies.
@@ -120,13 +128,14 @@ pub(crate) struct RingReply {
     data: std::cell::UnsafeCell<Vec<u64>>,
     payload_cap: usize,
     state: Mutex<ReplyState>,
-    cond: Condvar,
+    /// The ring thread's eventfd, for replies sent after it moved on.
+    wake: Arc<OwnedFd>,
     dev: Arc<DevFuse>,
 }
 
 // SAFETY: the buffers are written either by the ring thread while no reply
 // can be sent (between CQE and dispatch, after the reply is done) or by the
-// one reply under `state`'s lock while the ring thread waits on it.
+// one reply under `state`'s lock, before the ring thread commits it.
 unsafe impl Send for RingReply {}
 unsafe impl Sync for RingReply {}
 
@@ -137,7 +146,7 @@ impl std::fmt::Debug for RingReply {
 }
 
 impl RingReply {
-    fn new(payload_cap: usize, dev: Arc<DevFuse>) -> Self {
+    fn new(payload_cap: usize, dev: Arc<DevFuse>, wake: Arc<OwnedFd>) -> Self {
         Self {
             header: std::cell::UnsafeCell::new(words(HEADER_SIZE)),
             data: std::cell::UnsafeCell::new(words(HEADROOM + payload_cap)),
@@ -146,10 +155,15 @@ impl RingReply {
                 done: false,
                 direct: false,
                 staged: Vec::new(),
+                parked: false,
             }),
-            cond: Condvar::new(),
+            wake,
             dev,
         }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ReplyState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn header_ptr(&self) -> *mut u8 {
@@ -205,32 +219,50 @@ impl RingReply {
 
     pub(crate) fn send(&self, bufs: &[IoSlice<'_>]) -> io::Result<()> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if total < OUT_HEADER || total - OUT_HEADER > self.payload_cap {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "reply of {total} bytes does not fit a ring entry of {}",
-                    self.payload_cap
-                ),
-            ));
-        }
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state();
         if st.done {
             return Err(io::Error::other("second reply to one ring request"));
         }
+        let mut result = Ok(());
+        let mut too_big = [0u8; OUT_HEADER];
+        let pieces: Vec<&[u8]> = if total < OUT_HEADER || total - OUT_HEADER > self.payload_cap {
+            // The kernel must still hear something, or the entry (and the
+            // requester) would wait forever: EIO for the same request.
+            result = Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("reply of {total} bytes does not fit a ring entry of {}; answered EIO", self.payload_cap),
+            ));
+            let mut head = Vec::with_capacity(OUT_HEADER);
+            for b in bufs {
+                head.extend_from_slice(&b[..b.len().min(OUT_HEADER - head.len())]);
+            }
+            head.resize(OUT_HEADER, 0);
+            too_big[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+            too_big[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+            too_big[8..16].copy_from_slice(&head[8..16]);
+            vec![&too_big[..]]
+        } else {
+            bufs.iter().map(|b| &**b).collect()
+        };
         if st.direct {
-            let pieces: Vec<&[u8]> = bufs.iter().map(|b| &**b).collect();
-            // SAFETY: direct means the request was copied out of the ring.
+            // SAFETY: direct means no request borrows the ring buffers.
             unsafe { self.write_reply(&pieces) };
         } else {
             st.staged.clear();
-            for b in bufs {
+            for b in pieces {
                 st.staged.extend_from_slice(b);
             }
         }
         st.done = true;
-        self.cond.notify_all();
-        Ok(())
+        if st.parked {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writing 8 bytes to our own eventfd.
+            let n = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+            if n != 8 {
+                error!("FUSE io_uring: waking the ring thread: {}", io::Error::last_os_error());
+            }
+        }
+        result
     }
 
     pub(crate) fn open_backing(&self, fd: std::os::fd::BorrowedFd<'_>) -> io::Result<BackingId> {
@@ -242,7 +274,7 @@ impl RingReply {
     }
 }
 
-fn uring_cmd(fd: i32, cmd_op: u32, qid: u16, commit_id: u64, iov: Option<u64>) -> squeue::Entry128 {
+fn uring_cmd(fd: i32, cmd_op: u32, qid: u16, commit_id: u64, iov: Option<u64>, slot: usize) -> squeue::Entry128 {
     // struct fuse_uring_cmd_req { u64 flags; u64 commit_id; u16 qid; u8 padding[6]; }
     let mut cmd = [0u8; 80];
     cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
@@ -251,7 +283,7 @@ fn uring_cmd(fd: i32, cmd_op: u32, qid: u16, commit_id: u64, iov: Option<u64>) -
         .cmd(cmd)
         .addr(iov)
         .build()
-        .user_data(u64::from(cmd_op));
+        .user_data(slot as u64);
     if iov.is_some() {
         // REGISTER takes two iovecs in sqe->len, which the builder has no
         // field for. `Entry128` is `#[repr(C)]` over `struct io_uring_sqe`
@@ -267,96 +299,371 @@ fn uring_cmd(fd: i32, cmd_op: u32, qid: u16, commit_id: u64, iov: Option<u64>) -
     entry
 }
 
-/// Starts `per_queue` ring threads on every queue. Returns their handles;
-/// each ends when the connection does.
-pub(crate) fn start<FS: Filesystem + 'static>(
-    make_loop: impl Fn(String) -> SessionEventLoop<FS>,
+/// Sets up `per_queue` rings for every queue (an io_uring, an eventfd and
+/// the first entry's buffers each), before INIT grants io_uring.
+/// `mountpoint` lets each queue's pump reach the mount (see [`Queue`]).
+pub(crate) fn prepare(
     dev: &Arc<DevFuse>,
     per_queue: usize,
     payload_cap: usize,
-) -> io::Result<Vec<std::thread::JoinHandle<io::Result<()>>>> {
+    mountpoint: Option<PathBuf>,
+) -> io::Result<Vec<RingThread>> {
     let queues = possible_cpus();
-    let mut threads = Vec::with_capacity(queues * per_queue);
+    if u16::try_from(queues).is_err() {
+        return Err(io::Error::other(format!("{queues} CPUs: too many for FUSE io_uring queues")));
+    }
+    let mut rings = Vec::with_capacity(queues * per_queue);
     for qid in 0..queues {
+        let queue = Arc::new(Queue {
+            qid,
+            parked: Mutex::new(0),
+            cond: Condvar::new(),
+            stop: AtomicBool::new(false),
+            mountpoint: mountpoint.clone(),
+            pumps: AtomicUsize::new(0),
+        });
         for k in 0..per_queue {
-            let name = format!("fuser-ring-{qid}.{k}");
-            let se = make_loop(name.clone());
-            let reply = Arc::new(RingReply::new(payload_cap, dev.clone()));
-            let dev = dev.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || ring_thread(se, qid, reply, dev))?,
+            rings.push(
+                RingThread::new(qid, k, dev.clone(), payload_cap, queue.clone())
+                    .map_err(|e| io::Error::new(e.kind(), format!("setting up ring {qid}.{k}: {e}")))?,
             );
         }
+    }
+    Ok(rings)
+}
+
+/// Starts a thread for every prepared ring, and each queue's pump. Each
+/// ends when the connection does.
+pub(crate) fn start<FS: Filesystem + 'static>(
+    make_loop: impl Fn(String) -> SessionEventLoop<FS>,
+    rings: Vec<RingThread>,
+) -> io::Result<Vec<std::thread::JoinHandle<io::Result<()>>>> {
+    let mut threads = Vec::with_capacity(rings.len());
+    for mut ring in rings {
+        if ring.k == 0 && ring.queue.mountpoint.is_some() {
+            let queue = ring.queue.clone();
+            let name = format!("fuser-pumps-{}", ring.qid);
+            threads.push(std::thread::Builder::new().name(name).spawn(move || {
+                queue.pump();
+                Ok(())
+            })?);
+        }
+        let name = format!("fuser-ring-{}.{}", ring.qid, ring.k);
+        let se = make_loop(name.clone());
+        threads.push(std::thread::Builder::new().name(name).spawn(move || {
+            let res = ring.run(&se);
+            ring.queue.stop();
+            res
+        })?);
     }
     Ok(threads)
 }
 
-fn ring_thread<FS: Filesystem>(
-    se: SessionEventLoop<FS>,
+/// What the ring threads of one CPU queue share.
+///
+/// The kernel hands a queued request to an entry only when an entry of that
+/// queue commits (COMMIT_AND_FETCH); a newly registered entry only takes
+/// requests that arrive after it. So when every entry that was busy is
+/// parked (waiting for a late reply), a request queued meanwhile waits for
+/// one of them — and a late reply can wait for exactly such a request: txfs
+/// answers a commit after the kernel dropped the changed files' pages, and
+/// a page fault holding one of those pages waits for its READ. The pump
+/// breaks the cycle: while entries are parked it asks the mount for
+/// `statfs` from this queue's CPU, which lands on an armed entry; that
+/// entry's commit fetches the queued request.
+pub(crate) struct Queue {
     qid: usize,
-    reply: Arc<RingReply>,
-    dev: Arc<DevFuse>,
-) -> io::Result<()> {
-    pin_to_cpu(qid);
-    let qid16 = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
-    let fd = dev.as_raw_fd();
-    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder().build(2)?;
-    let iov = [
-        libc::iovec {
-            iov_base: reply.header_ptr().cast(),
-            iov_len: HEADER_SIZE,
-        },
-        libc::iovec {
-            iov_base: reply.payload_ptr().cast(),
-            iov_len: reply.payload_cap,
-        },
-    ];
-    let register = uring_cmd(fd, CMD_REGISTER, qid16, 0, Some(iov.as_ptr() as u64));
-    let mut next = register;
-    // Small requests are rebuilt here, 8-byte aligned like fuser's buffers.
-    let mut copy = words(IN_HEADER + OP_IN + COPY_LIMIT);
-    let mut big: Vec<u64> = Vec::new();
-    loop {
-        // SAFETY: the iovecs and buffers outlive the ring (owned by this
-        // frame and by `reply`, which this thread keeps alive).
-        unsafe {
-            ring.submission()
-                .push(&next)
-                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+    parked: Mutex<usize>,
+    cond: Condvar,
+    stop: AtomicBool,
+    mountpoint: Option<PathBuf>,
+    /// Pump requests in flight.
+    pumps: AtomicUsize,
+}
+
+/// Pump requests in flight per queue, at most.
+const PUMPS: usize = 4;
+
+impl Queue {
+    fn park(&self, delta: isize) {
+        let mut n = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_add_signed(delta);
+        self.cond.notify_all();
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.park(0);
+    }
+
+    /// While entries are parked, asks the mount for `statfs` from this
+    /// queue's CPU, once a millisecond, each time from a new short-lived
+    /// thread: a pump request that arrives while no entry is armed is
+    /// queued like the rest, and the next one (on the entry registered
+    /// meanwhile) drains it. At most [`PUMPS`] are in flight.
+    fn pump(self: &Arc<Self>) {
+        let Some(mnt) = &self.mountpoint else { return };
+        let Ok(path) = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()) else { return };
+        let path = Arc::new(path);
+        loop {
+            {
+                let mut n = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+                while *n == 0 && !self.stop.load(Ordering::SeqCst) {
+                    n = self.cond.wait(n).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            // Late replies usually come within microseconds: only a queue
+            // still parked after a millisecond is pumped.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            let parked = *self.parked.lock().unwrap_or_else(|e| e.into_inner()) > 0;
+            if !parked || self.stop.load(Ordering::SeqCst) || self.pumps.load(Ordering::SeqCst) >= PUMPS {
+                continue;
+            }
+            self.pumps.fetch_add(1, Ordering::SeqCst);
+            let (queue, path) = (self.clone(), path.clone());
+            let spawned = std::thread::Builder::new().name(format!("fuser-pump-{}", self.qid)).spawn(move || {
+                pin_to_cpu(queue.qid);
+                // SAFETY: a valid path and a buffer of the right type.
+                let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+                unsafe { libc::statfs(path.as_ptr(), &mut st) };
+                queue.pumps.fetch_sub(1, Ordering::SeqCst);
+            });
+            if spawned.is_err() {
+                self.pumps.fetch_sub(1, Ordering::SeqCst);
+            }
         }
-        let cqe = loop {
-            match ring.submit_and_wait(1) {
+    }
+}
+
+/// One registered entry of a ring thread.
+struct Slot {
+    reply: Arc<RingReply>,
+    /// Header and payload buffers, as REGISTER reads them.
+    iov: Box<[libc::iovec; 2]>,
+    /// The request it holds (or last held): what COMMIT_AND_FETCH names.
+    commit_id: u64,
+    /// Registered and answered at least once (a retry is a commit).
+    fetched: bool,
+}
+
+// SAFETY: the iovecs point into `reply`'s buffers, owned by the same slot.
+unsafe impl Send for Slot {}
+
+impl std::fmt::Debug for RingThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingThread").field("qid", &self.qid).field("k", &self.k).finish_non_exhaustive()
+    }
+}
+
+/// user_data of the eventfd read.
+const WAKE: u64 = u64::MAX;
+
+/// A ring thread: its own io_uring, its entries, its eventfd.
+///
+/// Usually one entry. A reply that a handler sends later from another
+/// thread (txfs answers a commit only after the kernel dropped the changed
+/// files' pages) must not pin the thread's only entry: a page fault that
+/// holds such a page needs an entry of this CPU's queue for its READ. So
+/// when a request is left without a reply, the thread registers one more
+/// entry and goes on; the late reply wakes it through the eventfd, and that
+/// entry is committed (and serves requests again) then.
+pub(crate) struct RingThread {
+    qid: usize,
+    k: usize,
+    queue: Arc<Queue>,
+    dev: Arc<DevFuse>,
+    payload_cap: usize,
+    ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    wake: Arc<OwnedFd>,
+    wake_buf: Box<u64>,
+    slots: Vec<Slot>,
+    /// Entries the kernel holds (registered or committed, not yet filled).
+    armed: usize,
+    /// Small requests are rebuilt here, 8-byte aligned like fuser's buffers.
+    copy: Vec<u64>,
+    big: Vec<u64>,
+}
+
+impl RingThread {
+    fn new(qid: usize, k: usize, dev: Arc<DevFuse>, payload_cap: usize, queue: Arc<Queue>) -> io::Result<Self> {
+        // SAFETY: eventfd has no memory preconditions. Blocking on purpose:
+        // io_uring polls a blocking file instead of failing with EAGAIN.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor we own.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+        Ok(Self {
+            qid,
+            k,
+            queue,
+            dev,
+            payload_cap,
+            ring: IoUring::builder().build(64)?,
+            wake,
+            wake_buf: Box::new(0),
+            slots: Vec::new(),
+            armed: 0,
+            copy: words(IN_HEADER + OP_IN + COPY_LIMIT),
+            big: Vec::new(),
+        })
+    }
+
+    fn qid16(&self) -> u16 {
+        self.qid as u16 // possible CPUs fit: checked in prepare
+    }
+
+    fn push(&mut self, sqe: &squeue::Entry128) -> io::Result<()> {
+        loop {
+            // SAFETY: every buffer an SQE names (iovecs, entry buffers, the
+            // eventfd word) lives in `self` until the ring is dropped.
+            if unsafe { self.ring.submission().push(sqe) }.is_ok() {
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+
+    fn push_wake_read(&mut self) -> io::Result<()> {
+        let sqe = opcode::Read::new(types::Fd(self.wake.as_raw_fd()), (&raw mut *self.wake_buf).cast(), 8)
+            .build()
+            .user_data(WAKE);
+        self.push(&sqe.into())
+    }
+
+    fn register_slot(&mut self) -> io::Result<()> {
+        let reply = Arc::new(RingReply::new(self.payload_cap, self.dev.clone(), self.wake.clone()));
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: reply.header_ptr().cast(),
+                iov_len: HEADER_SIZE,
+            },
+            libc::iovec {
+                iov_base: reply.payload_ptr().cast(),
+                iov_len: reply.payload_cap,
+            },
+        ]);
+        let idx = self.slots.len();
+        let sqe = uring_cmd(self.dev.as_raw_fd(), CMD_REGISTER, self.qid16(), 0, Some(iov.as_ptr() as u64), idx);
+        self.slots.push(Slot {
+            reply,
+            iov,
+            commit_id: 0,
+            fetched: false,
+        });
+        self.push(&sqe)?;
+        self.armed += 1;
+        Ok(())
+    }
+
+    /// Sends slot `i`'s reply (done) and fetches its next request.
+    fn commit(&mut self, i: usize) -> io::Result<()> {
+        let slot = &self.slots[i];
+        {
+            let mut st = slot.reply.state();
+            if !st.direct {
+                let staged = std::mem::take(&mut st.staged);
+                // SAFETY: the request is gone; nothing borrows the buffers.
+                unsafe { slot.reply.write_reply(&[&staged]) };
+                st.staged = staged;
+            }
+            st.parked = false;
+        }
+        let sqe = uring_cmd(self.dev.as_raw_fd(), CMD_COMMIT_AND_FETCH, self.qid16(), slot.commit_id, None, i);
+        self.push(&sqe)?;
+        self.armed += 1;
+        Ok(())
+    }
+
+    fn run<FS: Filesystem>(&mut self, se: &SessionEventLoop<FS>) -> io::Result<()> {
+        pin_to_cpu(self.qid);
+        self.push_wake_read()?;
+        self.register_slot()?;
+        loop {
+            match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) => return Err(e),
             }
-            if let Some(cqe) = ring.completion().next() {
-                break cqe;
+            let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+            for (user_data, res) in done {
+                if user_data == WAKE {
+                    if res < 0 && res != -libc::EINTR && res != -libc::EAGAIN {
+                        return Err(io::Error::from_raw_os_error(-res));
+                    }
+                    self.push_wake_read()?;
+                    // Late replies: commit each parked slot that has one.
+                    for i in 0..self.slots.len() {
+                        let ready = {
+                            let st = self.slots[i].reply.state();
+                            st.parked && st.done
+                        };
+                        if ready {
+                            self.queue.park(-1);
+                            self.commit(i)?;
+                        }
+                    }
+                    continue;
+                }
+                let i = user_data as usize;
+                if res == -libc::EINTR || res == -libc::EAGAIN {
+                    // Not taken: the same command again.
+                    let slot = &self.slots[i];
+                    let sqe = if slot.fetched {
+                        uring_cmd(self.dev.as_raw_fd(), CMD_COMMIT_AND_FETCH, self.qid16(), slot.commit_id, None, i)
+                    } else {
+                        uring_cmd(self.dev.as_raw_fd(), CMD_REGISTER, self.qid16(), 0, Some(slot.iov.as_ptr() as u64), i)
+                    };
+                    self.push(&sqe)?;
+                    continue;
+                }
+                self.armed -= 1;
+                if res < 0 {
+                    let err = io::Error::from_raw_os_error(-res);
+                    if i == 0 && !self.slots[0].fetched && res != -libc::ENOTCONN && res != -libc::ECONNABORTED {
+                        // Until every queue has an entry the kernel holds
+                        // every request: the mount would hang for good.
+                        error!(
+                            "FUSE io_uring queue {}: registering the first entry failed: {err}; \
+                             this mount cannot serve requests, ending it (TXFS_URING_THREADS=0 uses /dev/fuse)",
+                            self.qid
+                        );
+                        std::process::exit(1);
+                    } else if !self.slots[i].fetched && res != -libc::ENOTCONN {
+                        warn!("FUSE io_uring queue {}: registering another entry: {err}", self.qid);
+                    } else {
+                        debug!("FUSE io_uring queue {}: {err}; thread ends", self.qid);
+                    }
+                    return Ok(());
+                }
+                self.slots[i].fetched = true;
+                if self.serve(se, i) {
+                    self.commit(i)?;
+                }
             }
-        };
-        let res = cqe.result();
-        if res == -libc::EINTR || res == -libc::EAGAIN {
-            continue; // resubmit the same command
-        }
-        if res < 0 {
-            let err = io::Error::from_raw_os_error(-res);
-            if cqe.user_data() == u64::from(CMD_REGISTER) && res != -libc::ENOTCONN {
-                warn!("FUSE io_uring queue {qid}: register: {err}; requests stay on /dev/fuse");
-            } else {
-                debug!("FUSE io_uring queue {qid}: {err}; thread ends");
+            if self.armed == 0 {
+                // Every entry waits for a late reply: one more for the queue.
+                self.register_slot()?;
             }
-            return Ok(());
         }
+    }
+
+    /// Hands slot `i`'s request to the file system. Returns whether the
+    /// reply is there; if not, the slot is parked until it is.
+    fn serve<FS: Filesystem>(&mut self, se: &SessionEventLoop<FS>, i: usize) -> bool {
+        let qid = self.qid;
+        let reply = self.slots[i].reply.clone();
         // SAFETY: the kernel filled the header; nothing else references it.
-        let header: [u8; HEADER_SIZE] =
-            unsafe { std::ptr::read(reply.header_ptr().cast::<[u8; HEADER_SIZE]>()) };
+        let header: [u8; HEADER_SIZE] = unsafe { std::ptr::read(reply.header_ptr().cast::<[u8; HEADER_SIZE]>()) };
         let u32_at = |at: usize| u32::from_ne_bytes(header[at..at + 4].try_into().unwrap());
         let u64_at = |at: usize| u64::from_ne_bytes(header[at..at + 8].try_into().unwrap());
         let in_len = u32_at(0) as usize;
         let unique = u64_at(8);
-        let commit_id = u64_at(ENT_IN_OUT + 8);
+        self.slots[i].commit_id = u64_at(ENT_IN_OUT + 8);
         let payload_sz = u32_at(ENT_IN_OUT + 16) as usize;
         let op_len = in_len
             .checked_sub(IN_HEADER + payload_sz)
@@ -365,40 +672,31 @@ fn ring_thread<FS: Filesystem>(
         // (8-aligned when the op header's length is, as it is for WRITE).
         let direct = payload_sz <= COPY_LIMIT || op_len.is_none_or(|n| n % 8 != 0);
         {
-            let mut st = reply.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = reply.state();
             st.done = false;
             st.direct = direct;
+            st.parked = false;
         }
         match op_len {
             None => {
-                error!(
-                    "FUSE io_uring queue {qid}: request of {in_len} bytes with {payload_sz} of payload; answering EIO"
-                );
+                error!("FUSE io_uring queue {qid}: request of {in_len} bytes with {payload_sz} of payload; answering EIO");
                 answer_error(&reply, unique, libc::EIO);
             }
             Some(op_len) => {
                 let data: &[u8] = if direct {
                     let buf: &mut Vec<u64> = if payload_sz <= COPY_LIMIT {
-                        &mut copy
+                        &mut self.copy
                     } else {
-                        big.resize(in_len.div_ceil(8), 0);
-                        &mut big
+                        self.big.resize(in_len.div_ceil(8), 0);
+                        &mut self.big
                     };
                     let out = buf.as_mut_ptr().cast::<u8>();
                     // SAFETY: `buf` holds in_len bytes; the sources are this
                     // entry's buffers, which only this request's reply touches.
                     unsafe {
                         std::ptr::copy_nonoverlapping(header.as_ptr(), out, IN_HEADER);
-                        std::ptr::copy_nonoverlapping(
-                            header[OP_IN..].as_ptr(),
-                            out.add(IN_HEADER),
-                            op_len,
-                        );
-                        std::ptr::copy_nonoverlapping(
-                            reply.payload_ptr(),
-                            out.add(IN_HEADER + op_len),
-                            payload_sz,
-                        );
+                        std::ptr::copy_nonoverlapping(header[OP_IN..].as_ptr(), out.add(IN_HEADER), op_len);
+                        std::ptr::copy_nonoverlapping(reply.payload_ptr(), out.add(IN_HEADER + op_len), payload_sz);
                         std::slice::from_raw_parts(out, in_len)
                     }
                 } else {
@@ -408,11 +706,7 @@ fn ring_thread<FS: Filesystem>(
                     unsafe {
                         let base = (*reply.data.get()).as_mut_ptr().cast::<u8>();
                         std::ptr::copy_nonoverlapping(header.as_ptr(), base.add(start), IN_HEADER);
-                        std::ptr::copy_nonoverlapping(
-                            header[OP_IN..].as_ptr(),
-                            base.add(start + IN_HEADER),
-                            op_len,
-                        );
+                        std::ptr::copy_nonoverlapping(header[OP_IN..].as_ptr(), base.add(start + IN_HEADER), op_len);
                         std::slice::from_raw_parts(base.add(start), in_len)
                     }
                 };
@@ -422,27 +716,22 @@ fn ring_thread<FS: Filesystem>(
                         if let Ok(crate::ll::Operation::Destroy(_)) = req.request.operation() {
                             req.reply::<crate::ReplyEmpty>().ok();
                         } else {
-                            req.dispatch(&se);
+                            req.dispatch(se);
                         }
                     }
                     None => answer_error(&reply, unique, libc::EIO),
                 }
             }
         }
-        // Every borrow of the ring buffers is gone; wait for a reply sent
-        // from another thread, then put a staged one in place.
-        let mut st = reply.state.lock().unwrap_or_else(|e| e.into_inner());
-        while !st.done {
-            st = reply.cond.wait(st).unwrap_or_else(|e| e.into_inner());
+        // The request and every borrow of the ring buffers are gone.
+        let mut st = reply.state();
+        if st.done {
+            true
+        } else {
+            st.parked = true;
+            self.queue.park(1);
+            false
         }
-        if !st.direct {
-            let staged = std::mem::take(&mut st.staged);
-            // SAFETY: no request borrows the ring buffers any more.
-            unsafe { reply.write_reply(&[&staged]) };
-            st.staged = staged;
-        }
-        drop(st);
-        next = uring_cmd(fd, CMD_COMMIT_AND_FETCH, qid16, commit_id, None);
     }
 }
 
