@@ -353,6 +353,12 @@ pub(crate) fn start<FS: Filesystem + 'static>(
         threads.push(std::thread::Builder::new().name(name).spawn(move || {
             let res = ring.run(&se);
             ring.queue.stop();
+            // Closing the io_uring cancels its entries, but the kernel may
+            // finish that after close returns: their buffers are leaked
+            // rather than freed under it (the thread ends with the mount).
+            let RingThread { ring: uring, slots, .. } = ring;
+            drop(uring);
+            std::mem::forget(slots);
             res
         })?);
     }
@@ -716,7 +722,13 @@ impl RingThread {
                         if let Ok(crate::ll::Operation::Destroy(_)) = req.request.operation() {
                             req.reply::<crate::ReplyEmpty>().ok();
                         } else {
-                            req.dispatch(se);
+                            // A handler that panics has its reply dropped,
+                            // which answers EIO; the entry must still be
+                            // committed, so the thread goes on.
+                            let run = std::panic::AssertUnwindSafe(|| req.dispatch(se));
+                            if std::panic::catch_unwind(run).is_err() {
+                                error!("FUSE io_uring queue {qid}: a handler panicked; its request was answered EIO");
+                            }
                         }
                     }
                     None => answer_error(&reply, unique, libc::EIO),

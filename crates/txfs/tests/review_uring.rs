@@ -1,0 +1,604 @@
+//! Review of the FUSE-over-io_uring transport (vendor/fuser/src/uring.rs):
+//! reproducers of defects found in review.
+
+mod common;
+
+use common::*;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn uring_enabled() -> bool {
+    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y")
+}
+
+fn pin_self(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; 0 is this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+    }
+}
+
+fn ring_thread_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("fuser-ring-")))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+const FILE_LEN: usize = 1 << 20;
+
+/// `writers` threads each writing its own mmapped file and a reader
+/// page-faulting all those files, all on one CPU, for `secs` seconds.
+/// Returns whether everything kept making progress (false: nothing moved
+/// for 5 s), and the writes and mapping passes done.
+fn writers_and_faults_on_one_cpu(m: &Mount, writers: usize, secs: u64) -> (bool, u64, u64) {
+    let paths: Vec<PathBuf> = (0..writers).map(|i| m.path(format!("mapped{i}"))).collect();
+    for p in &paths {
+        std::fs::write(p, vec![7u8; FILE_LEN]).unwrap();
+    }
+    let cpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) - 1;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let faults = Arc::new(AtomicU64::new(0));
+    let mut hs = Vec::new();
+    // The reader (a separate process: an aborted connection makes its
+    // mapping SIGBUS) maps the files and touches every page; the writers'
+    // plain writes make the daemon drop a file's pages (inval_inode, on its
+    // invalidation thread) before answering, so the reader keeps faulting
+    // them back in (READs sent with the folios locked).
+    const READER: &str = r#"
+import mmap, os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+maps = []
+for p in sys.argv[2:]:
+    f = open(p, 'rb')
+    maps.append((f, mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ)))
+n = 0
+while True:
+    for _, m in maps:
+        for i in range(0, len(m), 4096):
+            n += m[i]
+    sys.stdout.write('.')
+    sys.stdout.flush()
+"#;
+    let mut reader = std::process::Command::new(python())
+        .arg("-c")
+        .arg(READER)
+        .arg(cpu.to_string())
+        .args(&paths)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        let (mut out, faults) = (reader.stdout.take().unwrap(), faults.clone());
+        std::thread::spawn(move || {
+            let mut b = [0u8; 64];
+            while let Ok(n) = std::io::Read::read(&mut out, &mut b) {
+                if n == 0 {
+                    break;
+                }
+                faults.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        });
+    }
+    for (w, p) in paths.iter().enumerate() {
+        let (p, stop, writes) = (p.clone(), stop.clone(), writes.clone());
+        hs.push(std::thread::spawn(move || {
+            pin_self(cpu);
+            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            let buf = vec![w as u8; 512];
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let off = (i * 4096) % FILE_LEN as u64;
+                if f.write_all_at(&buf, off).is_err() {
+                    break; // the connection was aborted below
+                }
+                writes.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            0
+        }));
+    }
+    let start = Instant::now();
+    let mut last = (0, 0, Instant::now());
+    let mut alive = true;
+    while start.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = (writes.load(Ordering::Relaxed), faults.load(Ordering::Relaxed));
+        if now.0 != last.0 || now.1 != last.1 {
+            last = (now.0, now.1, Instant::now());
+        } else if last.2.elapsed() > Duration::from_secs(5) {
+            alive = false;
+            break;
+        }
+    }
+    if !alive {
+        eprintln!(
+            "no progress for 5 s ({} writes, {} mapping passes); daemon threads:\n{}",
+            last.0,
+            last.1,
+            kernel_stacks(m.daemon_pid().unwrap())
+        );
+        // Does killing the daemon get everyone out? (A thread stuck on a
+        // folio lock cannot die, so /dev/fuse is never released.)
+        let pid = m.daemon_pid().unwrap();
+        m.sigkill();
+        let died = wait_until(Duration::from_secs(5), || {
+            std::fs::read_dir(format!("/proc/{pid}/task")).map_or(true, |d| {
+                d.flatten().all(|t| {
+                    std::fs::read_to_string(t.path().join("stat"))
+                        .map_or(true, |s| s.rsplit(')').next().and_then(|r| r.split_whitespace().next()) == Some("Z"))
+                })
+            })
+        });
+        eprintln!("SIGKILLed daemon exited within 5 s: {died}; its threads now:\n{}", kernel_stacks(pid));
+        // Unstick everyone so the test can clean up.
+        m.abort_connection();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = reader.kill();
+    let _ = reader.wait();
+    for h in hs {
+        let _ = h.join();
+    }
+    (alive, writes.load(Ordering::Relaxed), faults.load(Ordering::Relaxed))
+}
+
+/// `committers` threads on the last CPU, each committing (durably) a
+/// transaction that changed its own mmapped file, a plain writer on CPU 0
+/// changing another mmapped file, and a reader on the last CPU
+/// page-faulting all of them, for `secs` seconds. Same result as
+/// [`writers_and_faults_on_one_cpu`].
+fn commits_and_faults_on_one_cpu(m: &Mount, committers: usize, secs: u64) -> (bool, u64, u64) {
+    let mut paths: Vec<PathBuf> = (0..committers).map(|i| m.path(format!("committed{i}"))).collect();
+    paths.push(m.path("plain"));
+    for p in &paths {
+        std::fs::write(p, vec![7u8; FILE_LEN]).unwrap();
+    }
+    let cpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) - 1;
+    let stop = AtomicBool::new(false);
+    let writes = AtomicU64::new(0);
+    let faults = Arc::new(AtomicU64::new(0));
+    const READER: &str = r#"
+import mmap, os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+maps = []
+for p in sys.argv[2:]:
+    f = open(p, 'rb')
+    maps.append((f, mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ)))
+n = 0
+while True:
+    for _, m in maps:
+        for i in range(0, len(m), 4096):
+            n += m[i]
+    sys.stdout.write('.')
+    sys.stdout.flush()
+"#;
+    let mut reader = std::process::Command::new(python())
+        .arg("-c")
+        .arg(READER)
+        .arg(cpu.to_string())
+        .args(&paths)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        let (mut out, faults) = (reader.stdout.take().unwrap(), faults.clone());
+        std::thread::spawn(move || {
+            let mut b = [0u8; 64];
+            while let Ok(n) = std::io::Read::read(&mut out, &mut b) {
+                if n == 0 {
+                    break;
+                }
+                faults.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        });
+    }
+    let mut alive = true;
+    std::thread::scope(|sc| {
+        for (k, p) in paths.iter().enumerate().take(committers) {
+            let (stop, writes) = (&stop, &writes);
+            sc.spawn(move || {
+                pin_self(cpu);
+                let buf = vec![k as u8; 256 << 10];
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if m.begin().is_err() {
+                        break;
+                    }
+                    let ok = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(p)
+                        .and_then(|f| f.write_all_at(&buf, (i * 4096) % (FILE_LEN as u64 / 2)))
+                        .is_ok();
+                    if !ok || m.commit().is_err() {
+                        break;
+                    }
+                    writes.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            });
+        }
+        {
+            let (p, stop, writes) = (paths.last().unwrap(), &stop, &writes);
+            sc.spawn(move || {
+                pin_self(0);
+                let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if f.write_all_at(b"plain", (i * 4096) % FILE_LEN as u64).is_err() {
+                        break;
+                    }
+                    writes.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            });
+        }
+        let start = Instant::now();
+        let mut last = (0, 0, Instant::now());
+        while start.elapsed() < Duration::from_secs(secs) {
+            std::thread::sleep(Duration::from_millis(200));
+            let now = (writes.load(Ordering::Relaxed), faults.load(Ordering::Relaxed));
+            if now.0 != last.0 || now.1 != last.1 {
+                last = (now.0, now.1, Instant::now());
+            } else if last.2.elapsed() > Duration::from_secs(5) {
+                alive = false;
+                break;
+            }
+        }
+        if !alive {
+            let pid = m.daemon_pid().unwrap();
+            eprintln!("no progress for 5 s; daemon threads:\n{}", kernel_stacks(pid));
+            m.abort_connection();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let _ = reader.kill();
+        let _ = reader.wait();
+    });
+    (alive, writes.load(Ordering::Relaxed), faults.load(Ordering::Relaxed))
+}
+
+/// Story: as below, with the brief's "group commit with 8 committers": 8
+/// durable commits on one CPU whose files are mapped hold that CPU's 8
+/// entries until the invalidation thread has dropped their pages; a plain
+/// write from the other CPU has that thread drop the pages of a file the
+/// reader is faulting in on the first CPU.
+#[test]
+fn committers_on_one_cpu_do_not_starve_page_faults_of_ring_entries() {
+    if !uring_enabled() {
+        eprintln!("enable_uring is off: nothing to check");
+        return;
+    }
+    let mut m = Mount::new();
+    m.restart_with_env("TXFS_URING_THREADS", "0");
+    let (ok_dev, w, f) = commits_and_faults_on_one_cpu(&m, 8, 8);
+    eprintln!("/dev/fuse: progress={ok_dev} commits+writes={w} mapping passes={f}");
+    assert!(ok_dev, "the control (/dev/fuse) deadlocked too");
+    m.umount_clean();
+    m.clear_env();
+    m.start();
+    let pid = m.daemon_pid().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || ring_thread_count(pid) > 0));
+    let (ok_ring, w, f) = commits_and_faults_on_one_cpu(&m, 8, 20);
+    eprintln!("io_uring: progress={ok_ring} commits+writes={w} mapping passes={f}");
+    if ok_ring {
+        m.umount_clean();
+    } else {
+        m.kill_daemon();
+    }
+    assert!(ok_ring, "commits and page faults on one CPU deadlocked over io_uring");
+}
+
+/// `per_cpu` plain writers on every CPU, each writing its own file, and one
+/// process writing into every page of all those files through shared
+/// writable mappings, for `secs` seconds. Same result as
+/// [`writers_and_faults_on_one_cpu`].
+fn writers_and_mmap_writer(m: &Mount, per_cpu: usize, secs: u64) -> (bool, u64, u64) {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let paths: Vec<PathBuf> = (0..per_cpu * cpus).map(|i| m.path(format!("dirtied{i}"))).collect();
+    for p in &paths {
+        std::fs::write(p, vec![7u8; FILE_LEN]).unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    let writes = AtomicU64::new(0);
+    let passes = Arc::new(AtomicU64::new(0));
+    const DIRTIER: &str = r#"
+import mmap, os, sys
+maps = []
+for p in sys.argv[1:]:
+    f = open(p, 'r+b')
+    maps.append((f, mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)))
+n = 0
+while True:
+    n = (n + 1) % 256
+    for _, m in maps:
+        for i in range(0, len(m), 4096):
+            m[i] = n
+    sys.stdout.write('.')
+    sys.stdout.flush()
+"#;
+    let mut dirtier = std::process::Command::new(python())
+        .arg("-c")
+        .arg(DIRTIER)
+        .args(&paths)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        let (mut out, passes) = (dirtier.stdout.take().unwrap(), passes.clone());
+        std::thread::spawn(move || {
+            let mut b = [0u8; 64];
+            while let Ok(n) = std::io::Read::read(&mut out, &mut b) {
+                if n == 0 {
+                    break;
+                }
+                passes.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        });
+    }
+    let mut alive = true;
+    std::thread::scope(|sc| {
+        for (k, p) in paths.iter().enumerate() {
+            let (stop, writes) = (&stop, &writes);
+            sc.spawn(move || {
+                pin_self(k % cpus);
+                let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if f.write_all_at(b"plain", (i * 4096 + 100) % FILE_LEN as u64).is_err() {
+                        break;
+                    }
+                    writes.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            });
+        }
+        // Both must keep moving: the writers and the mapping's writer.
+        let start = Instant::now();
+        let mut last = [(0u64, Instant::now()), (0u64, Instant::now())];
+        while start.elapsed() < Duration::from_secs(secs) {
+            std::thread::sleep(Duration::from_millis(200));
+            for (k, now) in [writes.load(Ordering::Relaxed), passes.load(Ordering::Relaxed)].into_iter().enumerate() {
+                if now != last[k].0 {
+                    last[k] = (now, Instant::now());
+                }
+            }
+            if last.iter().any(|l| l.1.elapsed() > Duration::from_secs(5)) {
+                alive = false;
+                break;
+            }
+        }
+        if !alive {
+            let pid = m.daemon_pid().unwrap();
+            eprintln!("no progress for 5 s; daemon threads:\n{}", kernel_stacks(pid));
+            m.abort_connection();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let _ = dirtier.kill();
+        let _ = dirtier.wait();
+    });
+    (alive, writes.load(Ordering::Relaxed), passes.load(Ordering::Relaxed))
+}
+
+/// Story: the same, without page faults: dropping the pages of a file with
+/// dirty pages (written through a shared mapping) writes them back first
+/// (launder: a WRITE sent by the invalidation thread, on its own CPU's
+/// queue) and waits for write-backs in flight. With 8 deferred replies on
+/// that CPU, the invalidation thread waits for an entry that only it can
+/// free.
+#[test]
+fn deferred_replies_do_not_starve_write_back_of_ring_entries() {
+    if !uring_enabled() {
+        eprintln!("enable_uring is off: nothing to check");
+        return;
+    }
+    let mut m = Mount::new();
+    m.restart_with_env("TXFS_URING_THREADS", "0");
+    let (ok_dev, w, f) = writers_and_mmap_writer(&m, 10, 8);
+    eprintln!("/dev/fuse: progress={ok_dev} writes={w} mapping passes={f}");
+    assert!(ok_dev, "the control (/dev/fuse) deadlocked too");
+    m.umount_clean();
+    m.clear_env();
+    m.start();
+    let pid = m.daemon_pid().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || ring_thread_count(pid) > 0));
+    let (ok_ring, w, f) = writers_and_mmap_writer(&m, 10, 20);
+    eprintln!("io_uring: progress={ok_ring} writes={w} mapping passes={f}");
+    if ok_ring {
+        m.umount_clean();
+    } else {
+        m.kill_daemon();
+    }
+    assert!(ok_ring, "plain writers and a mapping's writer deadlocked over io_uring");
+}
+
+/// Story (fs.rs module docs): "Invalidation never runs on a request thread:
+/// inval_inode locks the file's folios, and a page fault holds one while its
+/// READ waits for a free worker. A dedicated thread invalidates, then sends
+/// the reply." With /dev/fuse, handing the reply to that thread frees the
+/// worker; a ring thread instead waits for the reply before it can fetch the
+/// next request, so a deferred reply pins its ring entry. With 8 writers on
+/// one CPU, every entry of that CPU's queue waits for the invalidation
+/// thread, which waits for a folio locked by a fault whose READ waits for an
+/// entry of that same queue: a deadlock.
+#[test]
+fn deferred_replies_do_not_starve_page_faults_of_ring_entries() {
+    if !uring_enabled() {
+        eprintln!("enable_uring is off: nothing to check");
+        return;
+    }
+    let mut m = Mount::new();
+    // TXFS_URING_THREADS: 0 is the control (/dev/fuse only); with 1 entry
+    // per queue one deferred reply is enough; 8 (the default) needs 8
+    // deferred replies on one CPU at the moment a fault's READ is queued.
+    let mut results = Vec::new();
+    for threads in ["0", "1", "8"] {
+        m.clear_env();
+        m.restart_with_env("TXFS_URING_THREADS", threads);
+        let pid = m.daemon_pid().unwrap();
+        if threads != "0" {
+            assert!(wait_until(Duration::from_secs(10), || ring_thread_count(pid) > 0));
+        }
+        let (ok, w, f) = writers_and_faults_on_one_cpu(&m, 12, 10);
+        eprintln!("TXFS_URING_THREADS={threads}: progress={ok} writes={w} mapping passes={f}");
+        results.push((threads, ok));
+        if !ok {
+            m.kill_daemon();
+            m.start();
+        }
+    }
+    m.umount_clean();
+    for (threads, ok) in results {
+        assert!(ok, "TXFS_URING_THREADS={threads}: writers and page faults on one CPU deadlocked");
+    }
+}
+
+/// The FUSE connection number of a mount point (minor of its st_dev).
+fn conn_of(point: &std::path::Path) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let mut f = l.split(' ');
+        let dev = f.nth(2)?;
+        let mp = f.nth(1)?;
+        (std::path::Path::new(mp) == point).then(|| dev.split_once(':')?.1.parse().ok()).flatten()
+    })
+}
+
+/// Runs `stat` on `p` in a child; `Some(success)` if it ended within `t`.
+fn stat_within(p: &std::path::Path, t: Duration) -> Option<bool> {
+    let mut c = std::process::Command::new("stat")
+        .arg(p)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_timeout(&mut c, t).map(|s| s.success())
+}
+
+/// `txfs mount` with `RLIMIT_NOFILE` lowered to `nofile` (as on a machine
+/// with many possible CPUs: 8 rings per CPU, so 128 possible CPUs need 1024
+/// io_uring descriptors, the default soft limit) and `env`; whether a stat
+/// of the mount root answered within 5 s. Always cleans up.
+fn stat_answers_with_nofile(nofile: u32, env: &[(&str, &str)]) -> (bool, String) {
+    let tmp = tempfile::Builder::new().prefix(PREFIX).tempdir().unwrap();
+    let (b, mnt) = (tmp.path().join("b"), tmp.path().join("m"));
+    std::fs::create_dir(&b).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let log = tmp.path().join("log");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("ulimit -n {nofile} && exec {TXFS} mount \"$0\" \"$1\" -f 2>\"$2\""))
+        .arg(&b)
+        .arg(&mnt)
+        .arg(&log)
+        .env("TXFS_LOG", "info");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut daemon = cmd.spawn().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || is_mounted(&mnt)), "not mounted");
+    let conn = conn_of(&mnt).unwrap();
+    let answered = stat_within(&mnt, Duration::from_secs(5)) == Some(true);
+    let rings = std::fs::read_dir(format!("/proc/{}/task", daemon.id()))
+        .map(|d| {
+            d.flatten()
+                .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("fuser-ring-")))
+                .count()
+        })
+        .unwrap_or(0);
+    // `txfs umount` itself stats the mount point: give it 10 s.
+    let mut um = std::process::Command::new(TXFS).arg("umount").arg(&mnt).spawn().unwrap();
+    let um_ok = wait_timeout(&mut um, Duration::from_secs(10)).is_some_and(|s| s.success());
+    if !um_ok {
+        abort_fuse_conn(conn);
+        let _ = std::process::Command::new("umount").arg("-l").arg(&mnt).status();
+    }
+    if wait_timeout(&mut daemon, Duration::from_secs(10)).is_none() {
+        abort_fuse_conn(conn);
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    (answered, format!("ring threads alive: {rings}; txfs umount worked: {um_ok}; log:\n{text}"))
+}
+
+/// Story: uring.rs says everything "before every queue has an entry" arrives
+/// on /dev/fuse, and the session falls back to /dev/fuse when the ring
+/// threads cannot start. But once FUSE_OVER_IO_URING is granted at INIT,
+/// the kernel (fuse_block_alloc) holds every request until every queue has
+/// an entry. A ring that can never be set up (io_uring_setup refused by a
+/// seccomp profile or kernel.io_uring_disabled, EMFILE, a thread that cannot
+/// be spawned) leaves the mount hanging forever, `txfs umount` included.
+#[test]
+fn a_ring_that_cannot_start_does_not_hang_the_mount() {
+    if !uring_enabled() {
+        eprintln!("enable_uring is off: nothing to check");
+        return;
+    }
+    let (ok, diag) = stat_answers_with_nofile(16, &[("TXFS_URING_THREADS", "0")]);
+    assert!(ok, "control (/dev/fuse) with 16 descriptors failed: {diag}");
+    let (ok, diag) = stat_answers_with_nofile(16, &[]);
+    assert!(ok, "with io_uring and too few descriptors for every queue's ring, stat of the mount hangs; {diag}");
+}
+
+/// A process that commits big transactions while its thread keeps being
+/// signalled (a handler, no SA_RESTART): the kernel sends FUSE_INTERRUPT for
+/// a request already in the daemon.
+const SIGNALLED_COMMITS: &str = r#"
+import os, sys, fcntl, struct, signal, threading, time
+M = sys.argv[1]
+signal.signal(signal.SIGUSR1, lambda *a: None)
+fd = os.open(M, os.O_RDONLY)
+main = threading.get_ident()
+for round in range(3):
+    fcntl.ioctl(fd, 0x4008e701, struct.pack('II', 0, 0))  # begin
+    f = os.open(M + '/big%d' % round, os.O_CREAT | os.O_WRONLY)
+    for i in range(100):
+        os.write(f, b'x' * (1 << 20))
+    os.close(f)
+    done = False
+    def k():
+        while not done:
+            time.sleep(0.001)
+            signal.pthread_kill(main, signal.SIGUSR1)
+    t = threading.Thread(target=k); t.start()
+    fcntl.ioctl(fd, 0x4008e702, struct.pack('II', 0, 0))  # commit
+    done = True; t.join()
+"#;
+
+/// Story: FUSE_INTERRUPT still arrives on /dev/fuse, where fuser answers
+/// ENOSYS (so that the kernel stops sending them, `fc->no_interrupt`). For a
+/// request that came over the ring the kernel cannot find the request that
+/// answer names in /dev/fuse's processing list: the write fails with ENOENT,
+/// fuser logs an ERROR, and the kernel never learns to stop interrupting.
+#[test]
+fn interrupting_a_ring_request_logs_no_errors() {
+    if !uring_enabled() {
+        eprintln!("enable_uring is off: nothing to check");
+        return;
+    }
+    let mut m = Mount::new();
+    let mut errors = Vec::new();
+    for threads in ["0", "8"] {
+        m.restart_with_env("TXFS_URING_THREADS", threads);
+        let before = m.log_text().len();
+        let out = std::process::Command::new(python()).arg("-c").arg(SIGNALLED_COMMITS).arg(m.mnt()).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let log = m.log_text()[before..].to_string();
+        let n = log.lines().filter(|l| l.contains("Failed to send FUSE reply")).count();
+        eprintln!("TXFS_URING_THREADS={threads}: {n} failed replies");
+        errors.push((threads, n, log));
+    }
+    m.umount_clean();
+    for (threads, n, log) in errors {
+        assert_eq!(n, 0, "TXFS_URING_THREADS={threads}: failed replies in the log:\n{log}");
+    }
+}
