@@ -65,7 +65,10 @@ import crash_harness as H  # noqa: E402
 
 CTR_LEN = 64
 NT_LEN = 16
-DEAD = (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO, errno.ENODEV)
+# What a request gets when the daemon dies under it. ECANCELED: over FUSE
+# io_uring, a request the kernel was handing to a ring entry when the
+# daemon's rings closed (fuse_uring_send_in_task, cancelled task work).
+DEAD = (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO, errno.ENODEV, errno.ECANCELED)
 
 # ---- data ------------------------------------------------------------------------------
 
