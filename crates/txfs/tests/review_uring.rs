@@ -35,26 +35,9 @@ fn ring_thread_count(pid: u32) -> usize {
 
 const FILE_LEN: usize = 1 << 20;
 
-/// `writers` threads each writing its own mmapped file and a reader
-/// page-faulting all those files, all on one CPU, for `secs` seconds.
-/// Returns whether everything kept making progress (false: nothing moved
-/// for 5 s), and the writes and mapping passes done.
-fn writers_and_faults_on_one_cpu(m: &Mount, writers: usize, secs: u64) -> (bool, u64, u64) {
-    let paths: Vec<PathBuf> = (0..writers).map(|i| m.path(format!("mapped{i}"))).collect();
-    for p in &paths {
-        std::fs::write(p, vec![7u8; FILE_LEN]).unwrap();
-    }
-    let cpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) - 1;
-    let stop = Arc::new(AtomicBool::new(false));
-    let writes = Arc::new(AtomicU64::new(0));
-    let faults = Arc::new(AtomicU64::new(0));
-    let mut hs = Vec::new();
-    // The reader (a separate process: an aborted connection makes its
-    // mapping SIGBUS) maps the files and touches every page; the writers'
-    // plain writes make the daemon drop a file's pages (inval_inode, on its
-    // invalidation thread) before answering, so the reader keeps faulting
-    // them back in (READs sent with the folios locked).
-    const READER: &str = r#"
+/// Maps the files (argv[2:]) read-only on CPU argv[1] and touches every
+/// page, one '.' per pass.
+const READER: &str = r#"
 import mmap, os, sys
 os.sched_setaffinity(0, {int(sys.argv[1])})
 maps = []
@@ -69,26 +52,118 @@ while True:
     sys.stdout.write('.')
     sys.stdout.flush()
 "#;
-    let mut reader = std::process::Command::new(python())
+
+/// Maps the files (argv[1:]) shared and writable and writes into every
+/// page, one '.' per pass.
+const DIRTIER: &str = r#"
+import mmap, os, sys
+maps = []
+for p in sys.argv[1:]:
+    f = open(p, 'r+b')
+    maps.append((f, mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)))
+n = 0
+while True:
+    n = (n + 1) % 256
+    for _, m in maps:
+        for i in range(0, len(m), 4096):
+            m[i] = n
+    sys.stdout.write('.')
+    sys.stdout.flush()
+"#;
+
+/// Runs a mapping script (a separate process: an aborted connection makes
+/// its mapping SIGBUS) and counts its passes.
+fn spawn_mapper(script: &str, args: &[String]) -> (std::process::Child, Arc<AtomicU64>) {
+    let mut child = std::process::Command::new(python())
         .arg("-c")
-        .arg(READER)
-        .arg(cpu.to_string())
-        .args(&paths)
+        .arg(script)
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    {
-        let (mut out, faults) = (reader.stdout.take().unwrap(), faults.clone());
-        std::thread::spawn(move || {
-            let mut b = [0u8; 64];
-            while let Ok(n) = std::io::Read::read(&mut out, &mut b) {
-                if n == 0 {
-                    break;
-                }
-                faults.fetch_add(n as u64, Ordering::Relaxed);
+    let passes = Arc::new(AtomicU64::new(0));
+    let (mut out, counter) = (child.stdout.take().unwrap(), passes.clone());
+    std::thread::spawn(move || {
+        let mut b = [0u8; 64];
+        while let Ok(n) = std::io::Read::read(&mut out, &mut b) {
+            if n == 0 {
+                break;
             }
-        });
+            counter.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    });
+    (child, passes)
+}
+
+/// Samples the counters every 200 ms for `secs` seconds: false as soon as
+/// one of them has not moved for 5 s.
+fn keeps_moving(secs: u64, sample: impl Fn() -> Vec<u64>) -> bool {
+    let start = Instant::now();
+    let mut last: Vec<(u64, Instant)> = sample().into_iter().map(|v| (v, Instant::now())).collect();
+    while start.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_millis(200));
+        for (l, now) in last.iter_mut().zip(sample()) {
+            if now != l.0 {
+                *l = (now, Instant::now());
+            }
+        }
+        if last.iter().any(|l| l.1.elapsed() > Duration::from_secs(5)) {
+            return false;
+        }
     }
+    true
+}
+
+/// The daemon's kernel stacks, then its connection aborted, so that a
+/// stalled workload can be cleaned up.
+fn report_stall(m: &Mount) {
+    eprintln!("no progress for 5 s; daemon threads:\n{}", kernel_stacks(m.daemon_pid().unwrap()));
+    m.abort_connection();
+}
+
+/// `workload(m, secs)` on /dev/fuse (the control, 8 s), then over io_uring
+/// with the default threads (20 s); both must keep moving.
+fn control_then_ring(workload: impl Fn(&Mount, u64) -> (bool, u64, u64), what: &str) {
+    let mut m = Mount::new();
+    m.restart_with_env("TXFS_URING_THREADS", "0");
+    let (ok_dev, w, f) = workload(&m, 8);
+    eprintln!("/dev/fuse: progress={ok_dev} writes={w} mapping passes={f}");
+    assert!(ok_dev, "the control (/dev/fuse) deadlocked too");
+    m.umount_clean();
+    m.clear_env();
+    m.start();
+    let pid = m.daemon_pid().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || ring_thread_count(pid) > 0));
+    let (ok_ring, w, f) = workload(&m, 20);
+    eprintln!("io_uring: progress={ok_ring} writes={w} mapping passes={f}");
+    if ok_ring {
+        m.umount_clean();
+    } else {
+        m.kill_daemon();
+    }
+    assert!(ok_ring, "{what} deadlocked over io_uring");
+}
+
+/// `writers` threads each writing its own mmapped file and a reader
+/// page-faulting all those files, all on one CPU, for `secs` seconds.
+/// Returns whether everything kept making progress (false: nothing moved
+/// for 5 s), and the writes and mapping passes done.
+fn writers_and_faults_on_one_cpu(m: &Mount, writers: usize, secs: u64) -> (bool, u64, u64) {
+    let paths: Vec<PathBuf> = (0..writers).map(|i| m.path(format!("mapped{i}"))).collect();
+    for p in &paths {
+        std::fs::write(p, vec![7u8; FILE_LEN]).unwrap();
+    }
+    let cpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) - 1;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let mut hs = Vec::new();
+    // The reader maps the files and touches every page; the writers' plain
+    // writes make the daemon drop a file's pages (inval_inode, on its
+    // invalidation thread) before answering, so the reader keeps faulting
+    // them back in (READs sent with the folios locked).
+    let args: Vec<String> =
+        std::iter::once(cpu.to_string()).chain(paths.iter().map(|p| p.display().to_string())).collect();
+    let (mut reader, faults) = spawn_mapper(READER, &args);
     for (w, p) in paths.iter().enumerate() {
         let (p, stop, writes) = (p.clone(), stop.clone(), writes.clone());
         hs.push(std::thread::spawn(move || {
@@ -107,24 +182,12 @@ while True:
             0
         }));
     }
-    let start = Instant::now();
-    let mut last = (0, 0, Instant::now());
-    let mut alive = true;
-    while start.elapsed() < Duration::from_secs(secs) {
-        std::thread::sleep(Duration::from_millis(200));
-        let now = (writes.load(Ordering::Relaxed), faults.load(Ordering::Relaxed));
-        if now.0 != last.0 || now.1 != last.1 {
-            last = (now.0, now.1, Instant::now());
-        } else if last.2.elapsed() > Duration::from_secs(5) {
-            alive = false;
-            break;
-        }
-    }
+    let alive = keeps_moving(secs, || vec![writes.load(Ordering::Relaxed) + faults.load(Ordering::Relaxed)]);
     if !alive {
         eprintln!(
             "no progress for 5 s ({} writes, {} mapping passes); daemon threads:\n{}",
-            last.0,
-            last.1,
+            writes.load(Ordering::Relaxed),
+            faults.load(Ordering::Relaxed),
             kernel_stacks(m.daemon_pid().unwrap())
         );
         // Does killing the daemon get everyone out? (A thread stuck on a
@@ -166,42 +229,9 @@ fn commits_and_faults_on_one_cpu(m: &Mount, committers: usize, secs: u64) -> (bo
     let cpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) - 1;
     let stop = AtomicBool::new(false);
     let writes = AtomicU64::new(0);
-    let faults = Arc::new(AtomicU64::new(0));
-    const READER: &str = r#"
-import mmap, os, sys
-os.sched_setaffinity(0, {int(sys.argv[1])})
-maps = []
-for p in sys.argv[2:]:
-    f = open(p, 'rb')
-    maps.append((f, mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ)))
-n = 0
-while True:
-    for _, m in maps:
-        for i in range(0, len(m), 4096):
-            n += m[i]
-    sys.stdout.write('.')
-    sys.stdout.flush()
-"#;
-    let mut reader = std::process::Command::new(python())
-        .arg("-c")
-        .arg(READER)
-        .arg(cpu.to_string())
-        .args(&paths)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        let (mut out, faults) = (reader.stdout.take().unwrap(), faults.clone());
-        std::thread::spawn(move || {
-            let mut b = [0u8; 64];
-            while let Ok(n) = std::io::Read::read(&mut out, &mut b) {
-                if n == 0 {
-                    break;
-                }
-                faults.fetch_add(n as u64, Ordering::Relaxed);
-            }
-        });
-    }
+    let args: Vec<String> =
+        std::iter::once(cpu.to_string()).chain(paths.iter().map(|p| p.display().to_string())).collect();
+    let (mut reader, faults) = spawn_mapper(READER, &args);
     let mut alive = true;
     std::thread::scope(|sc| {
         for (k, p) in paths.iter().enumerate().take(committers) {
@@ -242,22 +272,9 @@ while True:
                 }
             });
         }
-        let start = Instant::now();
-        let mut last = (0, 0, Instant::now());
-        while start.elapsed() < Duration::from_secs(secs) {
-            std::thread::sleep(Duration::from_millis(200));
-            let now = (writes.load(Ordering::Relaxed), faults.load(Ordering::Relaxed));
-            if now.0 != last.0 || now.1 != last.1 {
-                last = (now.0, now.1, Instant::now());
-            } else if last.2.elapsed() > Duration::from_secs(5) {
-                alive = false;
-                break;
-            }
-        }
+        alive = keeps_moving(secs, || vec![writes.load(Ordering::Relaxed) + faults.load(Ordering::Relaxed)]);
         if !alive {
-            let pid = m.daemon_pid().unwrap();
-            eprintln!("no progress for 5 s; daemon threads:\n{}", kernel_stacks(pid));
-            m.abort_connection();
+            report_stall(m);
         }
         stop.store(true, Ordering::Relaxed);
         let _ = reader.kill();
@@ -277,24 +294,7 @@ fn committers_on_one_cpu_do_not_starve_page_faults_of_ring_entries() {
         eprintln!("enable_uring is off: nothing to check");
         return;
     }
-    let mut m = Mount::new();
-    m.restart_with_env("TXFS_URING_THREADS", "0");
-    let (ok_dev, w, f) = commits_and_faults_on_one_cpu(&m, 8, 8);
-    eprintln!("/dev/fuse: progress={ok_dev} commits+writes={w} mapping passes={f}");
-    assert!(ok_dev, "the control (/dev/fuse) deadlocked too");
-    m.umount_clean();
-    m.clear_env();
-    m.start();
-    let pid = m.daemon_pid().unwrap();
-    assert!(wait_until(Duration::from_secs(10), || ring_thread_count(pid) > 0));
-    let (ok_ring, w, f) = commits_and_faults_on_one_cpu(&m, 8, 20);
-    eprintln!("io_uring: progress={ok_ring} commits+writes={w} mapping passes={f}");
-    if ok_ring {
-        m.umount_clean();
-    } else {
-        m.kill_daemon();
-    }
-    assert!(ok_ring, "commits and page faults on one CPU deadlocked over io_uring");
+    control_then_ring(|m, secs| commits_and_faults_on_one_cpu(m, 8, secs), "commits and page faults on one CPU");
 }
 
 /// `per_cpu` plain writers on every CPU, each writing its own file, and one
@@ -309,41 +309,8 @@ fn writers_and_mmap_writer(m: &Mount, per_cpu: usize, secs: u64) -> (bool, u64, 
     }
     let stop = AtomicBool::new(false);
     let writes = AtomicU64::new(0);
-    let passes = Arc::new(AtomicU64::new(0));
-    const DIRTIER: &str = r#"
-import mmap, os, sys
-maps = []
-for p in sys.argv[1:]:
-    f = open(p, 'r+b')
-    maps.append((f, mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)))
-n = 0
-while True:
-    n = (n + 1) % 256
-    for _, m in maps:
-        for i in range(0, len(m), 4096):
-            m[i] = n
-    sys.stdout.write('.')
-    sys.stdout.flush()
-"#;
-    let mut dirtier = std::process::Command::new(python())
-        .arg("-c")
-        .arg(DIRTIER)
-        .args(&paths)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        let (mut out, passes) = (dirtier.stdout.take().unwrap(), passes.clone());
-        std::thread::spawn(move || {
-            let mut b = [0u8; 64];
-            while let Ok(n) = std::io::Read::read(&mut out, &mut b) {
-                if n == 0 {
-                    break;
-                }
-                passes.fetch_add(n as u64, Ordering::Relaxed);
-            }
-        });
-    }
+    let args: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    let (mut dirtier, passes) = spawn_mapper(DIRTIER, &args);
     let mut alive = true;
     std::thread::scope(|sc| {
         for (k, p) in paths.iter().enumerate() {
@@ -362,24 +329,9 @@ while True:
             });
         }
         // Both must keep moving: the writers and the mapping's writer.
-        let start = Instant::now();
-        let mut last = [(0u64, Instant::now()), (0u64, Instant::now())];
-        while start.elapsed() < Duration::from_secs(secs) {
-            std::thread::sleep(Duration::from_millis(200));
-            for (k, now) in [writes.load(Ordering::Relaxed), passes.load(Ordering::Relaxed)].into_iter().enumerate() {
-                if now != last[k].0 {
-                    last[k] = (now, Instant::now());
-                }
-            }
-            if last.iter().any(|l| l.1.elapsed() > Duration::from_secs(5)) {
-                alive = false;
-                break;
-            }
-        }
+        alive = keeps_moving(secs, || vec![writes.load(Ordering::Relaxed), passes.load(Ordering::Relaxed)]);
         if !alive {
-            let pid = m.daemon_pid().unwrap();
-            eprintln!("no progress for 5 s; daemon threads:\n{}", kernel_stacks(pid));
-            m.abort_connection();
+            report_stall(m);
         }
         stop.store(true, Ordering::Relaxed);
         let _ = dirtier.kill();
@@ -400,24 +352,7 @@ fn deferred_replies_do_not_starve_write_back_of_ring_entries() {
         eprintln!("enable_uring is off: nothing to check");
         return;
     }
-    let mut m = Mount::new();
-    m.restart_with_env("TXFS_URING_THREADS", "0");
-    let (ok_dev, w, f) = writers_and_mmap_writer(&m, 10, 8);
-    eprintln!("/dev/fuse: progress={ok_dev} writes={w} mapping passes={f}");
-    assert!(ok_dev, "the control (/dev/fuse) deadlocked too");
-    m.umount_clean();
-    m.clear_env();
-    m.start();
-    let pid = m.daemon_pid().unwrap();
-    assert!(wait_until(Duration::from_secs(10), || ring_thread_count(pid) > 0));
-    let (ok_ring, w, f) = writers_and_mmap_writer(&m, 10, 20);
-    eprintln!("io_uring: progress={ok_ring} writes={w} mapping passes={f}");
-    if ok_ring {
-        m.umount_clean();
-    } else {
-        m.kill_daemon();
-    }
-    assert!(ok_ring, "plain writers and a mapping's writer deadlocked over io_uring");
+    control_then_ring(|m, secs| writers_and_mmap_writer(m, 10, secs), "plain writers and a mapping's writer");
 }
 
 /// Story (fs.rs module docs): "Invalidation never runs on a request thread:
