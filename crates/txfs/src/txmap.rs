@@ -20,12 +20,25 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use txfs_engine::TxId;
 
-/// A /proc file in one `read` (std's `read_to_string` grows its buffer
-/// from 32 bytes for files whose size says 0: seven syscalls for `status`).
+/// A /proc file in one `read` where it fits: open, read, close. (std's
+/// `read_to_end` also `statx`es and `lseek`s the file and reads again for
+/// the end: six syscalls, on every transaction's begin.) These files are
+/// produced whole by one `show`, so a read that leaves room in the buffer
+/// has returned all of it.
 fn read_proc(path: &str) -> Option<String> {
     use std::io::Read;
-    let mut buf = Vec::with_capacity(4096);
-    std::fs::File::open(path).ok()?.read_to_end(&mut buf).ok()?;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = f.read(&mut buf[len..]).ok()?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+    buf.truncate(len);
     String::from_utf8(buf).ok()
 }
 
@@ -330,6 +343,21 @@ mod tests {
         assert!(start_time(me).is_some());
         assert_eq!(start_time(me), start_time(me));
         assert_eq!(process_of(me), Some(me));
+    }
+
+    /// Files past the first buffer come back whole (the growth path), and
+    /// /proc/PID/stat parses as before.
+    #[test]
+    fn read_proc_returns_whole_files() {
+        let dir = std::env::temp_dir().join(format!("txfs-readproc-{}", std::process::id()));
+        let want: String = (0..3000).map(|i| format!("{i} ")).collect();
+        std::fs::write(&dir, &want).unwrap();
+        assert!(want.len() > 8192);
+        assert_eq!(read_proc(dir.to_str().unwrap()).as_deref(), Some(want.as_str()));
+        std::fs::remove_file(&dir).unwrap();
+        let stat = read_proc("/proc/self/stat").unwrap();
+        assert!(stat.ends_with('\n') && stat.starts_with(&format!("{} (", std::process::id())));
+        assert_eq!(read_proc("/proc/self/no-such-file"), None);
     }
 
     #[test]
