@@ -1,18 +1,26 @@
 /* txfs.c — the C client library of txfs (see txfs.h and SPEC.md §2).
  *
- * Every call resolves a mount, opens its root directory, issues one ioctl of
- * the wire protocol in txfs.h and closes the descriptor again — except that
- * the outermost begin keeps its descriptor until the transaction ends. Each
- * thread remembers the last mount it resolved and checked (its device
- * number), and re-checks it with statx(AT_STATX_DONT_SYNC), which the kernel
- * answers from its own inode: a transaction costs the daemon four requests
- * (OPENDIR, begin, commit, RELEASEDIR), not eight. The daemon owns the
+ * Every call resolves a mount and issues one ioctl of the wire protocol in
+ * txfs.h on a descriptor of its root directory. Each thread remembers the
+ * last mount it resolved and checked (its device number), and re-checks it
+ * with statx(AT_STATX_DONT_SYNC), which the kernel answers from its own
+ * inode. The outermost begin's descriptor serves the whole transaction, and
+ * the thread keeps it afterwards for its next transaction (its *control
+ * descriptor*), so a transaction costs the daemon two requests (begin,
+ * commit), not four (OPENDIR and RELEASEDIR besides). The daemon owns the
  * transaction (it identifies it by the calling thread's id); this library
  * only remembers, per thread, which mount that thread's transaction lives on
  * (and the descriptor), so that commit and abort reach the same daemon as the
- * begin. No descriptor outlives a transaction: the mount stays unmountable.
- */
-#define _GNU_SOURCE
+ * begin.
+ *
+ * A kept descriptor keeps the mount busy. It is opened with O_DSYNC (which
+ * means nothing for a directory) as a mark: `txfs umount`, finding the mount
+ * busy, looks for holders in /proc and detaches the mount when marked
+ * descriptors are all that hold it and no transaction is live; a kept
+ * descriptor of a mount that is gone answers ENOTCONN and is replaced by a
+ * fresh open. Kept descriptors are closed when their thread exits and, in a
+ * forked child, at the fork; they are O_CLOEXEC.
+ */#define _GNU_SOURCE
 #include "txfs.h"
 
 #include <errno.h>
@@ -20,6 +28,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -50,11 +59,117 @@ static pid_t current_tid(void) { return (pid_t)syscall(SYS_gettid); }
 
 static int tls_valid(void) { return tls.depth > 0 && tls.tid == current_tid(); }
 
+/* ---- descriptors of mount roots ----------------------------------------- */
+
+/* Every descriptor this library holds open beyond one call (a transaction's,
+ * or a thread's kept one), so that a forked child can close its copies: the
+ * child has only the forking thread, and nothing else would ever close the
+ * others' (they would keep the mount busy for the child's whole life). */
+static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
+static int *held;
+static size_t held_n, held_cap;
+
+static void held_add(int fd)
+{
+    pthread_mutex_lock(&held_lock);
+    if (held_n == held_cap) {
+        size_t cap = held_cap ? held_cap * 2 : 16;
+        int *h = realloc(held, cap * sizeof *h);
+        if (h) {
+            held = h;
+            held_cap = cap;
+        }
+    }
+    if (held_n < held_cap)
+        held[held_n++] = fd;
+    pthread_mutex_unlock(&held_lock);
+}
+
+static void held_close(int fd)
+{
+    pthread_mutex_lock(&held_lock);
+    for (size_t i = 0; i < held_n; i++)
+        if (held[i] == fd) {
+            held[i] = held[--held_n];
+            break;
+        }
+    close(fd);
+    pthread_mutex_unlock(&held_lock);
+}
+
+static void fork_prepare(void) { pthread_mutex_lock(&held_lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&held_lock); }
+static void fork_child(void)
+{
+    for (size_t i = 0; i < held_n; i++)
+        close(held[i]);
+    held_n = 0;
+    pthread_mutex_unlock(&held_lock);
+}
+
+/* The calling thread's kept descriptor of the mount root `mount` (device
+ * `dev`), between its transactions. Believed only by the thread that kept
+ * it (`tid`): a forked child's copy of this memory names a closed number. */
+static __thread struct {
+    pid_t tid;
+    int fd_plus1;
+    dev_t dev;
+    char mount[PATH_MAX];
+} kept;
+
+static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
+static pthread_key_t exit_key;
+
+static void kept_drop(void)
+{
+    if (kept.fd_plus1 > 0 && kept.tid == current_tid())
+        held_close(kept.fd_plus1 - 1);
+    kept.fd_plus1 = 0;
+    kept.tid = 0;
+}
+
+/* A thread that exits closes its kept descriptor (thread pools would
+ * otherwise leak one per thread). */
+static void on_thread_exit(void *unused)
+{
+    (void)unused;
+    kept_drop();
+    if (tls.fd_plus1 > 0 && tls.tid == current_tid())
+        held_close(tls.fd_plus1 - 1);
+    tls.fd_plus1 = 0;
+}
+
+static void make_keys(void)
+{
+    if (pthread_key_create(&exit_key, on_thread_exit) != 0)
+        return;
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+/* Keep `fd` (a descriptor of the root of `mount`) for the thread's next
+ * transaction, replacing what it kept before. */
+static void kept_set(int fd, const char *mount)
+{
+    struct statx stx;
+    kept_drop();
+    if (strlen(mount) >= sizeof kept.mount ||
+        statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &stx) != 0) {
+        held_close(fd);
+        return;
+    }
+    pthread_once(&keys_once, make_keys);
+    pthread_setspecific(exit_key, (void *)1);
+    strcpy(kept.mount, mount);
+    kept.dev = makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    kept.tid = current_tid();
+    kept.fd_plus1 = fd + 1;
+}
+
 static void tls_clear(void)
 {
-    /* A forked child's copy names its parent's descriptor: not ours to close. */
+    /* A forked child's copy names its parent's descriptor: not ours. */
     if (tls.fd_plus1 > 0 && tls.tid == current_tid())
-        close(tls.fd_plus1 - 1);
+        kept_set(tls.fd_plus1 - 1, tls.mount);
     tls.fd_plus1 = 0;
     tls.depth = 0;
     tls.tid = 0;
@@ -285,9 +400,9 @@ static int resolve_mount(const char *path, char *out, size_t outlen)
 /* Open the root of `mount` and check it is FUSE: a descriptor, or -1. The
  * check (fstatfs, a request to the daemon) runs once per thread and mount;
  * after that the device number, known without a request, must match. */
-static int open_mount(const char *mount)
+static int open_mount(const char *mount, int extra_flags)
 {
-    int fd = open(mount, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = open(mount, O_RDONLY | O_DIRECTORY | O_CLOEXEC | extra_flags);
     if (fd < 0)
         return -1;
     int known = last.valid && strcmp(last.mount, mount) == 0;
@@ -328,7 +443,7 @@ static int mount_ioctl(const char *mount, unsigned long cmd, void *arg)
 {
     if (tls_valid() && tls.fd_plus1 > 0 && strcmp(mount, tls.mount) == 0)
         return fd_ioctl(tls.fd_plus1 - 1, cmd, arg);
-    int fd = open_mount(mount);
+    int fd = open_mount(mount, 0);
     if (fd < 0)
         return -1;
     int rc = fd_ioctl(fd, cmd, arg);
@@ -344,6 +459,24 @@ static int current_mount(char *out, size_t outlen)
     if (tls_valid())
         return copy_out(out, outlen, tls.mount);
     return resolve_mount(NULL, out, outlen);
+}
+
+/* The thread's kept descriptor if it is of `mount` and `mount` is still
+ * the same mount (its root's device, as the kernel has it cached), taken
+ * out of `kept`; else -1 (and a stale one is closed). */
+static int kept_take(const char *mount)
+{
+    if (kept.fd_plus1 <= 0 || kept.tid != current_tid())
+        return -1;
+    dev_t dev;
+    if (strcmp(kept.mount, mount) != 0 || cached_dev(-1, mount, &dev) != 0 || dev != kept.dev) {
+        kept_drop();
+        return -1;
+    }
+    int fd = kept.fd_plus1 - 1;
+    kept.fd_plus1 = 0;
+    kept.tid = 0;
+    return fd;
 }
 
 /* ---- the API ------------------------------------------------------------ */
@@ -369,15 +502,30 @@ TXFS_API int txfs_begin(const char *path_in_mount, unsigned flags)
         return 0;
     }
     /* The outermost begin: its descriptor serves the whole transaction. */
-    int fd = open_mount(mount);
+    int fd = kept_take(mount);
+    if (fd >= 0 && fd_ioctl(fd, TXFS_IOC_BEGIN, &arg) != 0) {
+        int e = errno;
+        held_close(fd);
+        fd = -1;
+        errno = e;
+        /* The kept descriptor's mount went away (unmounted, its daemon
+         * gone): try the mount that is there now. */
+        if (e != ENOTCONN && e != ECONNABORTED && e != ENODEV && e != ECANCELED)
+            return -1;
+    } else if (fd >= 0) {
+        goto begun;
+    }
+    fd = open_mount(mount, O_DSYNC);
     if (fd < 0)
         return -1;
+    held_add(fd);
     if (fd_ioctl(fd, TXFS_IOC_BEGIN, &arg) != 0) {
         int e = errno;
-        close(fd);
+        held_close(fd);
         errno = e;
         return -1;
     }
+begun:
     strcpy(tls.mount, mount);
     tls.tid = current_tid();
     tls.fd_plus1 = fd + 1;

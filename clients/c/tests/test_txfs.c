@@ -796,24 +796,128 @@ static int open_fds(void)
     return n;
 }
 
-/* The outermost begin keeps one descriptor of the mount for the whole
- * transaction; commit, abort and a failed commit all close it. */
-static int t_descriptor_lives_as_long_as_the_transaction(void)
+/* Descriptors open on the mount root, and how many of them carry the
+ * O_DSYNC mark of a kept control descriptor. */
+static int root_fds(int *marked)
 {
+    int n = 0;
+    *marked = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char link[300], target[PATH_MAX];
+        snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+        ssize_t r = readlink(link, target, sizeof target - 1);
+        if (r <= 0)
+            continue;
+        target[r] = '\0';
+        if (strcmp(target, mnt) != 0)
+            continue;
+        n++;
+        char info[300], buf[512];
+        snprintf(info, sizeof info, "/proc/self/fdinfo/%s", e->d_name);
+        if (read_file(info, buf, sizeof buf) > 0) {
+            char *fl = strstr(buf, "flags:");
+            if (fl && (strtol(fl + 6, NULL, 8) & O_DSYNC))
+                (*marked)++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* The outermost begin opens one descriptor of the mount (marked O_DSYNC);
+ * it serves the transaction and stays for the thread's next one: commit,
+ * abort and a failed commit keep exactly that one, and later begins open
+ * none. */
+static int t_descriptor_is_kept_for_the_next_transaction(void)
+{
+    int marked;
     int before = open_fds();
     CHECK(fs_tx_begin() == 0, "begin: %s", en(errno));
-    CHECK(open_fds() == before + 1, "begin keeps one descriptor: %d -> %d", before, open_fds());
+    CHECK(open_fds() == before + 1 || open_fds() == before, "begin opens at most one: %d -> %d", before, open_fds());
+    int held = open_fds();
+    CHECK(root_fds(&marked) >= 1 && marked == 1, "one marked descriptor of the mount root (%d)", marked);
     CHECK(fs_tx_begin() == 0, "nested begin: %s", en(errno));
-    CHECK(open_fds() == before + 1, "a nested begin opens none");
+    CHECK(open_fds() == held, "a nested begin opens none");
     CHECK(fs_tx_commit() == 0, "inner commit: %s", en(errno));
-    CHECK(open_fds() == before + 1, "the inner commit keeps it");
     CHECK(fs_tx_commit() == 0, "commit: %s", en(errno));
-    CHECK(open_fds() == before, "commit closes it: %d -> %d", before, open_fds());
+    CHECK(open_fds() == held, "commit keeps it: %d -> %d", held, open_fds());
+    for (int i = 0; i < 20; i++) {
+        CHECK(fs_tx_begin() == 0, "begin %d: %s", i, en(errno));
+        CHECK(fs_tx_commit() == 0, "commit %d: %s", i, en(errno));
+    }
+    CHECK(open_fds() == held, "20 more transactions open none: %d -> %d", held, open_fds());
     CHECK(fs_tx_begin() == 0, "begin: %s", en(errno));
     CHECK(fs_tx_abort() == 0, "abort: %s", en(errno));
-    CHECK(open_fds() == before, "abort closes it");
+    CHECK(open_fds() == held, "abort keeps it");
     CHECK(fs_tx_commit() == -1, "commit without a transaction fails");
-    CHECK(open_fds() == before, "a failed commit leaks none");
+    CHECK(open_fds() == held, "a failed commit leaks none");
+    CHECK(root_fds(&marked) >= 1 && marked == 1, "still one marked descriptor (%d)", marked);
+    return PASS;
+}
+
+static void *begin_commit_thread(void *p)
+{
+    (void)p;
+    if (fs_tx_begin() != 0 || fs_tx_commit() != 0)
+        return (void *)1;
+    return NULL;
+}
+
+/* A thread's kept descriptor goes with the thread. */
+static int t_thread_exit_closes_its_descriptor(void)
+{
+    int marked;
+    root_fds(&marked);
+    int before = marked;
+    for (int i = 0; i < 8; i++) {
+        pthread_t t;
+        void *r;
+        CHECK(pthread_create(&t, NULL, begin_commit_thread, NULL) == 0, "pthread_create");
+        pthread_join(t, &r);
+        CHECK(r == NULL, "begin/commit in the thread failed");
+    }
+    root_fds(&marked);
+    CHECK(marked == before, "marked descriptors after 8 threads came and went: %d -> %d", before, marked);
+    return PASS;
+}
+
+/* A forked child does not inherit the kept descriptors (they would keep
+ * the mount busy for its whole life), and begins with one of its own. */
+static int t_fork_child_holds_no_kept_descriptor(void)
+{
+    int marked;
+    CHECK(fs_tx_begin() == 0 && fs_tx_commit() == 0, "begin/commit: %s", en(errno));
+    root_fds(&marked);
+    CHECK(marked >= 1, "the parent keeps one");
+    pthread_t t;
+    void *r;
+    /* and another thread's, still alive in the parent when it forks */
+    CHECK(pthread_create(&t, NULL, begin_commit_thread, NULL) == 0, "pthread_create");
+    pthread_join(t, &r);
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        int m;
+        if (root_fds(&m) != 0)
+            _exit(1);
+        if (fs_tx_begin() != 0 || fs_tx_commit() != 0)
+            _exit(2);
+        if (root_fds(&m) != 1 || m != 1)
+            _exit(3);
+        _exit(0);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 99;
+    CHECK(code == 0, "child: %s",
+          code == 1   ? "inherited a descriptor of the mount"
+          : code == 2 ? "could not begin/commit"
+          : code == 3 ? "did not keep exactly one of its own"
+                      : "died");
     return PASS;
 }
 
@@ -849,7 +953,9 @@ int main(void)
     run("commit without a transaction fails", t_commit_without_begin, 1);
     run("forked child is not in the parent's transaction", t_fork_child_not_in_tx, 1);
     run("STATUS/STATE counters", t_status_counters, 1);
-    run("the mount descriptor lives as long as the transaction", t_descriptor_lives_as_long_as_the_transaction, 1);
+    run("one kept descriptor serves every transaction of a thread", t_descriptor_is_kept_for_the_next_transaction, 1);
+    run("a thread's kept descriptor closes when it exits", t_thread_exit_closes_its_descriptor, 1);
+    run("a forked child inherits no kept descriptor", t_fork_child_holds_no_kept_descriptor, 1);
 
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

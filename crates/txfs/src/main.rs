@@ -425,17 +425,28 @@ fn umount(point: &Path) -> Result<(), String> {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(&m.point).ok().map(|md| libc::minor(md.dev()))
     };
+    let mut detached = false;
     // SAFETY: valid C string.
     if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
         let err = std::io::Error::last_os_error();
-        let ok = std::process::Command::new("fusermount3")
-            .arg("-u")
-            .arg(&m.point)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok {
-            return Err(format!("umount {}: {err}", m.point.display()));
+        if err.raw_os_error() == Some(libc::EBUSY) {
+            // Nothing can reach a detached mount by a path, but the kept
+            // descriptors keep the connection (and the daemon) alive: it is
+            // ended below. The daemon checkpoints on its way out; a kept
+            // descriptor answers ENOTCONN from then on, and libtxfs opens
+            // afresh.
+            detached = detach_if_only_kept(&m.point, &c)?;
+        }
+        if !detached {
+            let ok = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg(&m.point)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !ok {
+                return Err(format!("umount {}: {err}", m.point.display()));
+            }
         }
     }
     // The daemon checkpoints when the kernel ends the session. A non-lazy
@@ -461,10 +472,12 @@ fn umount(point: &Path) -> Result<(), String> {
         }
         let dir = ctl.join(conn.to_string());
         let t0 = Instant::now();
-        while dir.exists() && t0.elapsed() < Duration::from_secs(2) {
+        while !detached && dir.exists() && t0.elapsed() < Duration::from_secs(2) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        if dir.exists() {
+        if detached {
+            let _ = std::fs::write(dir.join("abort"), "1");
+        } else if dir.exists() {
             eprintln!("txfs umount: the kernel kept FUSE connection {conn} after the unmount: aborting it");
             let _ = std::fs::write(dir.join("abort"), "1");
         }
@@ -489,6 +502,100 @@ fn umount(point: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// What keeps `point` busy, from /proc: descriptors libtxfs keeps between
+/// transactions (the mount root, opened O_DSYNC as a mark; clients/c/txfs.c)
+/// and everything else (working and root directories, other descriptors,
+/// mapped files), named for the error message.
+fn holders(point: &Path) -> (usize, Vec<String>) {
+    let under = |t: &Path| t.starts_with(point);
+    let (mut kept, mut other) = (0, Vec::new());
+    let me = std::process::id().to_string();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return (kept, other) };
+    for p in procs.flatten() {
+        let pid = p.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let base = p.path();
+        let comm = std::fs::read_to_string(base.join("comm")).unwrap_or_default();
+        let who = |what: &str| format!("pid {pid} ({}): {what}", comm.trim());
+        for link in ["cwd", "root"] {
+            if std::fs::read_link(base.join(link)).is_ok_and(|t| under(&t)) {
+                other.push(who(link));
+            }
+        }
+        if let Ok(fds) = std::fs::read_dir(base.join("fd")) {
+            for fd in fds.flatten() {
+                let Ok(t) = std::fs::read_link(fd.path()) else { continue };
+                if !under(&t) {
+                    continue;
+                }
+                let flags = std::fs::read_to_string(base.join("fdinfo").join(fd.file_name()))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines().find_map(|l| l.strip_prefix("flags:").map(|v| i64::from_str_radix(v.trim(), 8)))
+                    })
+                    .and_then(Result::ok)
+                    .unwrap_or(0);
+                let mark = (libc::O_DSYNC | libc::O_DIRECTORY) as i64;
+                if t == point && flags & mark == mark && flags & libc::O_ACCMODE as i64 == libc::O_RDONLY as i64 {
+                    kept += 1;
+                } else {
+                    other.push(who(&format!("descriptor {} ({})", fd.file_name().to_string_lossy(), t.display())));
+                }
+            }
+        }
+        if let Ok(maps) = std::fs::read_to_string(base.join("maps")) {
+            if let Some(l) = maps.lines().find(|l| l.find('/').is_some_and(|i| under(Path::new(&l[i..])))) {
+                other.push(who(&format!("mapped {}", &l[l.find('/').unwrap_or(0)..])));
+            }
+        }
+    }
+    (kept, other)
+}
+
+/// After a busy umount: detaches the mount (MNT_DETACH) if descriptors
+/// libtxfs keeps between transactions are all that hold it and no
+/// transaction is live. Ok(false): not detached, nothing to explain beyond
+/// the busy error (holders we cannot see, e.g. in another mount namespace).
+fn detach_if_only_kept(point: &Path, c: &std::ffi::CStr) -> Result<bool, String> {
+    let (kept, other) = holders(point);
+    if !other.is_empty() {
+        let more = if other.len() > 8 { format!(" and {} more", other.len() - 8) } else { String::new() };
+        return Err(format!(
+            "umount {}: busy (still in use by {}{more})",
+            point.display(),
+            other.iter().take(8).cloned().collect::<Vec<_>>().join("; ")
+        ));
+    }
+    if kept == 0 {
+        return Ok(false);
+    }
+    // A thread inside a transaction holds its (marked) descriptor too.
+    // Plain operations run as short transactions: look a few times.
+    let mut live = 0;
+    for _ in 0..20 {
+        let dir = std::fs::File::open(point).map_err(|e| format!("{}: {e}", point.display()))?;
+        live = read_status(&dir, point)?.iter().find(|(n, _)| *n == "live_txs").map_or(0, |(_, v)| *v);
+        drop(dir);
+        if live == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    if live > 0 {
+        return Err(format!(
+            "umount {}: busy ({live} live transaction(s); their threads hold the mount until they commit or abort)",
+            point.display()
+        ));
+    }
+    // SAFETY: valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(format!("umount {} (detach): {}", point.display(), std::io::Error::last_os_error()));
+    }
+    Ok(true)
 }
 
 const STATUS_NAMES: [&str; 8] =
