@@ -26,9 +26,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -62,39 +62,93 @@ static int tls_valid(void) { return tls.depth > 0 && tls.tid == current_tid(); }
 /* ---- descriptors of mount roots ----------------------------------------- */
 
 /* Every descriptor this library holds open beyond one call (a transaction's,
- * or a thread's kept one), so that a forked child can close its copies: the
- * child has only the forking thread, and nothing else would ever close the
- * others' (they would keep the mount busy for the child's whole life). */
+ * or a thread's kept one), with the identity it had when opened (device and
+ * inode of the mount root). A forked child closes its copies (it has only
+ * the forking thread: nothing else would ever close the others', and they
+ * would keep the mount busy for the child's whole life). And a descriptor
+ * is used or closed only while it still is ours: a program may have closed
+ * it behind our back (closefrom() when daemonizing) and reused the number
+ * for a file of its own. */
+struct held_fd {
+    int fd;
+    dev_t dev;
+    ino_t ino;
+};
 static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
-static int *held;
+static struct held_fd *held;
 static size_t held_n, held_cap;
 
-static void held_add(int fd)
+/* Device and inode of what `fd` names, as the kernel has them cached. */
+static int fd_identity(int fd, dev_t *dev, ino_t *ino)
 {
+    struct statx stx;
+    if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &stx) != 0)
+        return -1;
+    *dev = makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    *ino = (ino_t)stx.stx_ino;
+    return 0;
+}
+
+/* `h` still names what we opened: same root, and our O_DSYNC mark. */
+static int still_ours(const struct held_fd *h)
+{
+    dev_t dev;
+    ino_t ino;
+    int fl = fcntl(h->fd, F_GETFL);
+    return fl >= 0 && (fl & O_DSYNC) && fd_identity(h->fd, &dev, &ino) == 0 && dev == h->dev && ino == h->ino;
+}
+
+/* Register `fd` (just opened by this library); -1 if it cannot be. */
+static int held_add(int fd)
+{
+    struct held_fd h = {.fd = fd};
+    if (fd_identity(fd, &h.dev, &h.ino) != 0)
+        return -1;
     pthread_mutex_lock(&held_lock);
     if (held_n == held_cap) {
         size_t cap = held_cap ? held_cap * 2 : 16;
-        int *h = realloc(held, cap * sizeof *h);
-        if (h) {
-            held = h;
+        struct held_fd *n = realloc(held, cap * sizeof *n);
+        if (n) {
+            held = n;
             held_cap = cap;
         }
     }
-    if (held_n < held_cap)
-        held[held_n++] = fd;
+    int ok = held_n < held_cap;
+    if (ok)
+        held[held_n++] = h;
     pthread_mutex_unlock(&held_lock);
+    return ok ? 0 : -1;
 }
 
+/* Take `fd` out of the registry; close it if it still is ours. */
 static void held_close(int fd)
 {
     pthread_mutex_lock(&held_lock);
     for (size_t i = 0; i < held_n; i++)
-        if (held[i] == fd) {
+        if (held[i].fd == fd) {
+            if (still_ours(&held[i]))
+                close(fd);
             held[i] = held[--held_n];
             break;
         }
-    close(fd);
     pthread_mutex_unlock(&held_lock);
+}
+
+/* Whether registered `fd` still is ours; if not, it is forgotten (never
+ * closed: the number is someone else's now). */
+static int held_check(int fd)
+{
+    int ours = 0;
+    pthread_mutex_lock(&held_lock);
+    for (size_t i = 0; i < held_n; i++)
+        if (held[i].fd == fd) {
+            ours = still_ours(&held[i]);
+            if (!ours)
+                held[i] = held[--held_n];
+            break;
+        }
+    pthread_mutex_unlock(&held_lock);
+    return ours;
 }
 
 static void fork_prepare(void) { pthread_mutex_lock(&held_lock); }
@@ -102,7 +156,8 @@ static void fork_parent(void) { pthread_mutex_unlock(&held_lock); }
 static void fork_child(void)
 {
     for (size_t i = 0; i < held_n; i++)
-        close(held[i]);
+        if (still_ours(&held[i]))
+            close(held[i].fd);
     held_n = 0;
     pthread_mutex_unlock(&held_lock);
 }
@@ -150,17 +205,17 @@ static void make_keys(void)
  * transaction, replacing what it kept before. */
 static void kept_set(int fd, const char *mount)
 {
-    struct statx stx;
+    dev_t dev;
+    ino_t ino;
     kept_drop();
-    if (strlen(mount) >= sizeof kept.mount ||
-        statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &stx) != 0) {
+    if (strlen(mount) >= sizeof kept.mount || fd_identity(fd, &dev, &ino) != 0) {
         held_close(fd);
         return;
     }
     pthread_once(&keys_once, make_keys);
     pthread_setspecific(exit_key, (void *)1);
     strcpy(kept.mount, mount);
-    kept.dev = makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    kept.dev = dev;
     kept.tid = current_tid();
     kept.fd_plus1 = fd + 1;
 }
@@ -476,7 +531,7 @@ static int kept_take(const char *mount)
     int fd = kept.fd_plus1 - 1;
     kept.fd_plus1 = 0;
     kept.tid = 0;
-    return fd;
+    return held_check(fd) ? fd : -1;
 }
 
 /* ---- the API ------------------------------------------------------------ */
@@ -518,7 +573,12 @@ TXFS_API int txfs_begin(const char *path_in_mount, unsigned flags)
     fd = open_mount(mount, O_DSYNC);
     if (fd < 0)
         return -1;
-    held_add(fd);
+    if (held_add(fd) != 0) {
+        int e = errno ? errno : ENOMEM;
+        close(fd);
+        errno = e;
+        return -1;
+    }
     if (fd_ioctl(fd, TXFS_IOC_BEGIN, &arg) != 0) {
         int e = errno;
         held_close(fd);

@@ -798,10 +798,13 @@ static int open_fds(void)
 
 /* Descriptors open on the mount root, and how many of them carry the
  * O_DSYNC mark of a kept control descriptor. */
+static int marked_fd = -1; /* the last marked descriptor root_fds saw */
+
 static int root_fds(int *marked)
 {
     int n = 0;
     *marked = 0;
+    marked_fd = -1;
     DIR *d = opendir("/proc/self/fd");
     if (!d)
         return -1;
@@ -820,8 +823,10 @@ static int root_fds(int *marked)
         snprintf(info, sizeof info, "/proc/self/fdinfo/%s", e->d_name);
         if (read_file(info, buf, sizeof buf) > 0) {
             char *fl = strstr(buf, "flags:");
-            if (fl && (strtol(fl + 6, NULL, 8) & O_DSYNC))
+            if (fl && (strtol(fl + 6, NULL, 8) & O_DSYNC)) {
                 (*marked)++;
+                marked_fd = atoi(e->d_name);
+            }
         }
     }
     closedir(d);
@@ -921,6 +926,32 @@ static int t_fork_child_holds_no_kept_descriptor(void)
     return PASS;
 }
 
+/* A program closes the kept descriptor behind the library's back (as
+ * closefrom() does when daemonizing) and the number comes back for a file
+ * of its own: the library must neither use nor close that file. */
+static int t_kept_number_reused_by_the_program(void)
+{
+    int marked;
+    CHECK(fs_tx_begin() == 0 && fs_tx_commit() == 0, "begin/commit: %s", en(errno));
+    CHECK(root_fds(&marked) >= 1 && marked == 1 && marked_fd >= 0, "one kept descriptor");
+    int k = marked_fd;
+    int nul = open("/dev/null", O_RDONLY);
+    CHECK(nul >= 0, "open /dev/null");
+    CHECK(dup2(nul, k) == k, "dup2 onto the kept number");
+    close(nul);
+    CHECK(fs_tx_begin() == 0, "begin after the number was reused: %s", en(errno));
+    CHECK(fs_tx_commit() == 0, "commit: %s", en(errno));
+    char link[64], target[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", k);
+    ssize_t r = readlink(link, target, sizeof target - 1);
+    CHECK(r > 0, "the program's descriptor %d was closed by the library", k);
+    target[r] = '\0';
+    CHECK(strcmp(target, "/dev/null") == 0, "descriptor %d now names %s", k, target);
+    CHECK(root_fds(&marked) >= 1 && marked == 1, "a fresh kept descriptor (%d)", marked);
+    close(k);
+    return PASS;
+}
+
 int main(void)
 {
     signal(SIGALRM, on_alarm);
@@ -956,6 +987,7 @@ int main(void)
     run("one kept descriptor serves every transaction of a thread", t_descriptor_is_kept_for_the_next_transaction, 1);
     run("a thread's kept descriptor closes when it exits", t_thread_exit_closes_its_descriptor, 1);
     run("a forked child inherits no kept descriptor", t_fork_child_holds_no_kept_descriptor, 1);
+    run("a kept number the program reused is left alone", t_kept_number_reused_by_the_program, 1);
 
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
