@@ -174,6 +174,7 @@ static __thread struct {
 
 static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
 static pthread_key_t exit_key;
+static int exit_key_ok;
 
 static void kept_drop(void)
 {
@@ -194,11 +195,20 @@ static void on_thread_exit(void *unused)
     tls.fd_plus1 = 0;
 }
 
+/* Once per process, before the first descriptor is opened: a fork or a
+ * thread exit during the very first transaction must find them. */
 static void make_keys(void)
 {
-    if (pthread_key_create(&exit_key, on_thread_exit) != 0)
-        return;
     pthread_atfork(fork_prepare, fork_parent, fork_child);
+    exit_key_ok = pthread_key_create(&exit_key, on_thread_exit) == 0;
+}
+
+/* Arm the calling thread's exit destructor (once per thread is enough). */
+static void arm_thread_exit(void)
+{
+    pthread_once(&keys_once, make_keys);
+    if (exit_key_ok && !pthread_getspecific(exit_key))
+        pthread_setspecific(exit_key, (void *)1);
 }
 
 /* Keep `fd` (a descriptor of the root of `mount`) for the thread's next
@@ -212,8 +222,6 @@ static void kept_set(int fd, const char *mount)
         held_close(fd);
         return;
     }
-    pthread_once(&keys_once, make_keys);
-    pthread_setspecific(exit_key, (void *)1);
     strcpy(kept.mount, mount);
     kept.dev = dev;
     kept.tid = current_tid();
@@ -570,6 +578,7 @@ TXFS_API int txfs_begin(const char *path_in_mount, unsigned flags)
     } else if (fd >= 0) {
         goto begun;
     }
+    arm_thread_exit();
     fd = open_mount(mount, O_DSYNC);
     if (fd < 0)
         return -1;

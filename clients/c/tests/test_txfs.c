@@ -952,8 +952,75 @@ static int t_kept_number_reused_by_the_program(void)
     return PASS;
 }
 
-int main(void)
+static void *begin_and_exit_thread(void *p)
 {
+    (void)p;
+    return fs_tx_begin() == 0 ? NULL : (void *)1;
+}
+
+/* Scenarios that need a process whose library has done nothing yet (run as
+ * `test_txfs fresh-NAME`): the exit code is 0 or a failure number. */
+static int fresh(const char *what)
+{
+    int marked;
+    if (strcmp(what, "fresh-fork") == 0) {
+        /* a fork during the process's very first transaction */
+        if (fs_tx_begin() != 0)
+            return 10;
+        pid_t pid = fork();
+        if (pid == 0) {
+            root_fds(&marked);
+            _exit(marked == 0 ? 0 : 11);
+        }
+        int status;
+        waitpid(pid, &status, 0);
+        if (fs_tx_commit() != 0)
+            return 12;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 13;
+    }
+    if (strcmp(what, "fresh-thread-exit") == 0) {
+        /* a thread that exits inside the process's very first transaction */
+        pthread_t t;
+        void *r;
+        if (pthread_create(&t, NULL, begin_and_exit_thread, NULL) != 0)
+            return 20;
+        pthread_join(t, &r);
+        if (r != NULL)
+            return 21;
+        root_fds(&marked);
+        return marked == 0 ? 0 : 22;
+    }
+    return 99;
+}
+
+/* The fork handler and the thread-exit destructor are in place before the
+ * first descriptor is opened (found in review: both were set up at the
+ * first commit, so the first transaction's descriptor leaked). */
+static int t_first_transaction_of_a_process(void)
+{
+    const char *cases[] = {"fresh-fork", "fresh-thread-exit"};
+    for (int i = 0; i < 2; i++) {
+        pid_t pid = fork();
+        CHECK(pid >= 0, "fork");
+        if (pid == 0) {
+            execl("/proc/self/exe", "test_txfs", cases[i], (char *)NULL);
+            _exit(98);
+        }
+        int status;
+        waitpid(pid, &status, 0);
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 97;
+        CHECK(code == 0, "%s: exit %d (11: the child inherited the descriptor; 22: the thread's stayed open)", cases[i],
+              code);
+    }
+    return PASS;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1) {
+        mnt = getenv("TXFS_MOUNT");
+        return fresh(argv[1]);
+    }
     signal(SIGALRM, on_alarm);
     setvbuf(stdout, NULL, _IOLBF, 0);
     mnt = getenv("TXFS_MOUNT");
@@ -988,6 +1055,7 @@ int main(void)
     run("a thread's kept descriptor closes when it exits", t_thread_exit_closes_its_descriptor, 1);
     run("a forked child inherits no kept descriptor", t_fork_child_holds_no_kept_descriptor, 1);
     run("a kept number the program reused is left alone", t_kept_number_reused_by_the_program, 1);
+    run("the first transaction of a process: fork, thread exit", t_first_transaction_of_a_process, 1);
 
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
