@@ -79,4 +79,46 @@ if ! is_mounted; then
     exit 1
 fi
 
+# The descriptor libtxfs keeps between transactions, end to end: `txfs
+# umount` must unmount while an idle client holds one (and checkpoint), the
+# client's next begin must fail cleanly (no txfs there), and after a new
+# mount at the same place it must begin there.
+hold_check() {
+    local fifo="$tmp/hold.fifo" out="$tmp/hold.out"
+    mkfifo "$fifo"
+    TXFS_MOUNT="$mnt" timeout 60 "$test_prog" fresh-hold <"$fifo" >"$out" 2>&1 &
+    local holder=$!
+    exec 7>"$fifo"
+    for _ in $(seq 100); do grep -q ready "$out" && break; sleep 0.1; done
+    grep -q ready "$out" || { echo "FAIL - hold: the client did not commit: $(cat "$out")"; return 1; }
+    if ! "$bin" umount "$mnt"; then
+        echo "FAIL - txfs umount with an idle libtxfs client holding its kept descriptor"
+        return 1
+    fi
+    wait "$daemon"
+    daemon=""
+    ls "$backing"/held-* >/dev/null 2>&1 || { echo "FAIL - hold: the committed file is not in BACKING"; return 1; }
+    echo go >&7
+    for _ in $(seq 100); do grep -q "^begin" "$out" && break; sleep 0.1; done
+    if ! grep -q "^begin ENOTTY" "$out"; then
+        echo "FAIL - hold: with the mount gone, the client's begin: $(tail -1 "$out")"
+        return 1
+    fi
+    "$bin" mount "$backing" "$mnt" -f >>"$log" 2>&1 &
+    daemon=$!
+    for _ in $(seq 100); do is_mounted && break; sleep 0.1; done
+    echo go >&7
+    exec 7>&-
+    wait "$holder"
+    if ! grep -q "begin 0 write 0 commit 0" "$out"; then
+        echo "FAIL - hold: after unmount and a new mount, the client's next transaction: $(tail -1 "$out")"
+        return 1
+    fi
+    echo "ok - an idle client's kept descriptor: txfs umount detaches it, the next begin finds the new mount"
+}
+if ! hold_check; then
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+
 TXFS_MOUNT="$mnt" timeout 600 "$test_prog"

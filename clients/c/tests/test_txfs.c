@@ -990,6 +990,29 @@ static int fresh(const char *what)
         root_fds(&marked);
         return marked == 0 ? 0 : 22;
     }
+    if (strcmp(what, "fresh-hold") == 0) {
+        /* run.sh: commit, say "ready"; then for each line on stdin (the
+         * mount unmounted meanwhile, or another mounted) try again and
+         * print "begin 0 write W commit C" or "begin ERRNAME". */
+        char f[PATH_MAX], line[16];
+        snprintf(f, sizeof f, "%s/held-%d", mnt, (int)getpid());
+        if (fs_tx_begin() != 0 || write_file(f, "1") != 0 || fs_tx_commit() != 0)
+            return 30;
+        printf("ready\n");
+        fflush(stdout);
+        while (fgets(line, sizeof line, stdin)) {
+            if (fs_tx_begin() != 0) {
+                printf("begin %s\n", en(errno));
+                fflush(stdout);
+                continue;
+            }
+            int w = write_file(f, "2");
+            int c = fs_tx_commit();
+            printf("begin 0 write %d commit %d\n", w, c);
+            fflush(stdout);
+        }
+        return 0;
+    }
     return 99;
 }
 

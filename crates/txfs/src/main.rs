@@ -1,6 +1,7 @@
 //! `txfs`: mount a transactional file system over a backing directory, and
 //! run programs as transactions. See `txfs --help` and SPEC §1.
 
+mod busy;
 mod failpoint;
 mod fs;
 mod ioctl;
@@ -425,26 +426,19 @@ fn umount(point: &Path) -> Result<(), String> {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(&m.point).ok().map(|md| libc::minor(md.dev()))
     };
+    let id = busy::ident(&m.point);
     let mut detached = false;
     // SAFETY: valid C string.
     if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
         let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EBUSY) {
-            // Nothing can reach a detached mount by a path, but the kept
-            // descriptors keep the connection (and the daemon) alive: it is
-            // ended below. The daemon checkpoints on its way out; a kept
-            // descriptor answers ENOTCONN from then on, and libtxfs opens
-            // afresh.
-            detached = detach_if_only_kept(&m.point, &c)?;
-        }
-        if !detached {
-            let ok = std::process::Command::new("fusermount3")
-                .arg("-u")
-                .arg(&m.point)
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            if !ok {
+        // Not root: fusermount3 may unmount what we may not.
+        let done = err.raw_os_error() != Some(libc::EBUSY) && fusermount3(&["-u"], &m.point);
+        if !done {
+            let busy = matches!(err.raw_os_error(), Some(libc::EBUSY) | Some(libc::EPERM));
+            if let (true, Some(id)) = (busy, id) {
+                detached = detach_if_only_kept(&m.point, id, &c)?;
+            }
+            if !detached {
                 return Err(format!("umount {}: {err}", m.point.display()));
             }
         }
@@ -455,6 +449,13 @@ fn umount(point: &Path) -> Result<(), String> {
     // cached) the kernel kept it — and the daemon waiting — with no mount,
     // no open file and no request left. End it then, as `fusermount -u`
     // of a dead mount would: the daemon still checkpoints on its way out.
+    // A mount detached because only libtxfs's kept descriptors held it is
+    // ended at once (they would keep it alive for good) — unless something
+    // else got hold of it meanwhile: then it ends when they let go.
+    let abort_now = detached && id.is_some_and(|id| nothing_else_after_detach(&m.point, id));
+    if detached && !abort_now {
+        return Ok(());
+    }
     if let Some(conn) = conn {
         let ctl = Path::new("/sys/fs/fuse/connections");
         if std::fs::read_dir(ctl).is_ok_and(|mut d| d.next().is_none()) {
@@ -472,11 +473,18 @@ fn umount(point: &Path) -> Result<(), String> {
         }
         let dir = ctl.join(conn.to_string());
         let t0 = Instant::now();
-        while !detached && dir.exists() && t0.elapsed() < Duration::from_secs(2) {
+        while !abort_now && dir.exists() && t0.elapsed() < Duration::from_secs(2) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        if detached {
-            let _ = std::fs::write(dir.join("abort"), "1");
+        if abort_now {
+            if std::fs::write(dir.join("abort"), "1").is_err() {
+                eprintln!(
+                    "txfs umount: detached {}; could not end FUSE connection {conn} (fusectl): the daemon \
+                     checkpoints and exits when the processes holding libtxfs descriptors exit",
+                    m.point.display()
+                );
+                return Ok(());
+            }
         } else if dir.exists() {
             eprintln!("txfs umount: the kernel kept FUSE connection {conn} after the unmount: aborting it");
             let _ = std::fs::write(dir.join("abort"), "1");
@@ -504,98 +512,95 @@ fn umount(point: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// What keeps `point` busy, from /proc: descriptors libtxfs keeps between
-/// transactions (the mount root, opened O_DSYNC as a mark; clients/c/txfs.c)
-/// and everything else (working and root directories, other descriptors,
-/// mapped files), named for the error message.
-fn holders(point: &Path) -> (usize, Vec<String>) {
-    let under = |t: &Path| t.starts_with(point);
-    let (mut kept, mut other) = (0, Vec::new());
-    let me = std::process::id().to_string();
-    let Ok(procs) = std::fs::read_dir("/proc") else { return (kept, other) };
-    for p in procs.flatten() {
-        let pid = p.file_name().to_string_lossy().into_owned();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
-            continue;
-        }
-        let base = p.path();
-        let comm = std::fs::read_to_string(base.join("comm")).unwrap_or_default();
-        let who = |what: &str| format!("pid {pid} ({}): {what}", comm.trim());
-        for link in ["cwd", "root"] {
-            if std::fs::read_link(base.join(link)).is_ok_and(|t| under(&t)) {
-                other.push(who(link));
-            }
-        }
-        if let Ok(fds) = std::fs::read_dir(base.join("fd")) {
-            for fd in fds.flatten() {
-                let Ok(t) = std::fs::read_link(fd.path()) else { continue };
-                if !under(&t) {
-                    continue;
-                }
-                let flags = std::fs::read_to_string(base.join("fdinfo").join(fd.file_name()))
-                    .ok()
-                    .and_then(|s| {
-                        s.lines().find_map(|l| l.strip_prefix("flags:").map(|v| i64::from_str_radix(v.trim(), 8)))
-                    })
-                    .and_then(Result::ok)
-                    .unwrap_or(0);
-                let mark = (libc::O_DSYNC | libc::O_DIRECTORY) as i64;
-                if t == point && flags & mark == mark && flags & libc::O_ACCMODE as i64 == libc::O_RDONLY as i64 {
-                    kept += 1;
-                } else {
-                    other.push(who(&format!("descriptor {} ({})", fd.file_name().to_string_lossy(), t.display())));
-                }
-            }
-        }
-        if let Ok(maps) = std::fs::read_to_string(base.join("maps")) {
-            if let Some(l) = maps.lines().find(|l| l.find('/').is_some_and(|i| under(Path::new(&l[i..])))) {
-                other.push(who(&format!("mapped {}", &l[l.find('/').unwrap_or(0)..])));
-            }
-        }
-    }
-    (kept, other)
+/// `fusermount3 ARGS POINT` succeeded.
+fn fusermount3(args: &[&str], point: &Path) -> bool {
+    std::process::Command::new("fusermount3").args(args).arg(point).status().map(|s| s.success()).unwrap_or(false)
 }
 
-/// After a busy umount: detaches the mount (MNT_DETACH) if descriptors
-/// libtxfs keeps between transactions are all that hold it and no
-/// transaction is live. Ok(false): not detached, nothing to explain beyond
-/// the busy error (holders we cannot see, e.g. in another mount namespace).
-fn detach_if_only_kept(point: &Path, c: &std::ffi::CStr) -> Result<bool, String> {
-    let (kept, other) = holders(point);
-    if !other.is_empty() {
-        let more = if other.len() > 8 { format!(" and {} more", other.len() - 8) } else { String::new() };
-        return Err(format!(
-            "umount {}: busy (still in use by {}{more})",
-            point.display(),
-            other.iter().take(8).cloned().collect::<Vec<_>>().join("; ")
-        ));
+/// Live transactions of the mount, through `dir` (a descriptor of its root).
+fn live_txs(dir: &std::fs::File, point: &Path) -> Result<u64, String> {
+    Ok(read_status(dir, point)?.iter().find(|(n, _)| *n == "live_txs").map_or(0, |(_, v)| *v))
+}
+
+/// After a busy unmount: detaches the mount if descriptors libtxfs keeps
+/// between transactions are all that hold it (busy.rs), no other mount
+/// shares it and no transaction is live. Ok(false): not detached, nothing
+/// to add to the busy error (holders we cannot see, e.g. in another mount
+/// namespace). Err: refused, saying why.
+fn detach_if_only_kept(point: &Path, id: busy::Ident, c: &std::ffi::CStr) -> Result<bool, String> {
+    let refuse = |why: &[String]| {
+        let more = if why.len() > 8 { format!(" and {} more", why.len() - 8) } else { String::new() };
+        Err(format!("umount {}: busy ({}{more})", point.display(), why[..why.len().min(8)].join("; ")))
+    };
+    let tangled = busy::entangled_mounts(point, id);
+    if !tangled.is_empty() {
+        return refuse(&tangled);
     }
-    if kept == 0 {
+    let h = busy::scan(id);
+    if !h.other.is_empty() {
+        return refuse(&h.other);
+    }
+    if h.kept.is_empty() {
         return Ok(false);
     }
     // A thread inside a transaction holds its (marked) descriptor too.
     // Plain operations run as short transactions: look a few times.
+    let dir = std::fs::File::open(point).map_err(|e| format!("{}: {e}", point.display()))?;
     let mut live = 0;
     for _ in 0..20 {
-        let dir = std::fs::File::open(point).map_err(|e| format!("{}: {e}", point.display()))?;
-        live = read_status(&dir, point)?.iter().find(|(n, _)| *n == "live_txs").map_or(0, |(_, v)| *v);
-        drop(dir);
+        live = live_txs(&dir, point)?;
         if live == 0 {
             break;
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+    drop(dir);
     if live > 0 {
-        return Err(format!(
-            "umount {}: busy ({live} live transaction(s); their threads hold the mount until they commit or abort)",
-            point.display()
-        ));
+        return refuse(&[format!(
+            "{live} live transaction(s): their threads hold the mount until they commit or abort"
+        )]);
+    }
+    // For tests/umount.rs only: a window in which others get hold of it.
+    if let Some(ms) = std::env::var("TXFS_TEST_UMOUNT_PAUSE_MS").ok().and_then(|v| v.parse().ok()) {
+        std::thread::sleep(Duration::from_millis(ms));
     }
     // SAFETY: valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+    let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if r != 0 && !fusermount3(&["-u", "-z"], point) {
         return Err(format!("umount {} (detach): {}", point.display(), std::io::Error::last_os_error()));
     }
     Ok(true)
+}
+
+/// After the detach: whether ending the connection now cuts off nobody
+/// but idle libtxfs descriptors. Between the scan before the detach and
+/// the detach, a process may have opened a file or begun a transaction;
+/// after it, nothing new can reach the mount by a path (and libtxfs sees
+/// the path's device change and does not use its kept descriptor), so a
+/// second look settles it. Otherwise the detached mount lives on until its
+/// holders let go, said on stderr.
+fn nothing_else_after_detach(point: &Path, id: busy::Ident) -> bool {
+    // Let path walks that began before the detach finish their open.
+    std::thread::sleep(Duration::from_millis(50));
+    let h = busy::scan(id);
+    let mut why = h.other;
+    if let Some(k) = h.kept.first() {
+        // A kept descriptor reaches the detached mount: ask through it.
+        match std::fs::File::open(k).map_err(|e| e.to_string()).and_then(|d| live_txs(&d, point)) {
+            Ok(0) => {}
+            Ok(n) => why.push(format!("{n} transaction(s) began meanwhile")),
+            Err(e) => why.push(format!("its transactions could not be counted ({e})")),
+        }
+    }
+    if why.is_empty() {
+        return true;
+    }
+    eprintln!(
+        "txfs umount: detached {}, but it is in use again ({}): the daemon checkpoints and exits when they let go",
+        point.display(),
+        why.join("; ")
+    );
+    false
 }
 
 const STATUS_NAMES: [&str; 8] =

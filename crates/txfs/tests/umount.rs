@@ -85,3 +85,58 @@ fn umount_refuses_while_a_transaction_is_live() {
     m.umount_clean();
     assert_eq!(std::fs::read_to_string(m.backing().join("half")).unwrap(), "x");
 }
+
+/// Story: the mount is also bind-mounted elsewhere (a container's view of
+/// it). Detaching and ending the connection would cut off the other mount
+/// too: refuse and say so.
+#[test]
+fn umount_refuses_when_the_mount_is_also_mounted_elsewhere() {
+    let mut m = Mount::new();
+    let other = m.scratch().join("bind");
+    std::fs::create_dir_all(&other).unwrap();
+    let st = Command::new("mount").arg("--bind").arg(m.mnt()).arg(&other).status().unwrap();
+    assert!(st.success(), "mount --bind");
+    let mut agent = Agent::spawn(m.mnt());
+    agent.ok(KEEP);
+    let (ok, err) = txfs_umount(&m);
+    let _ = Command::new("umount").arg(&other).status();
+    assert!(!ok, "txfs umount detached a mount that is bind-mounted elsewhere");
+    assert!(err.contains("also mounted at"), "the error says where: {err}");
+    m.umount_clean();
+}
+
+/// Story: between `txfs umount`'s look at the holders and its detach, a
+/// program opens a file in the mount and goes on writing it. Ending the
+/// connection then would fail its writes (ENOTCONN) and tear its file:
+/// the mount is detached but left alive until the program lets go.
+#[test]
+fn a_file_opened_during_the_umount_is_not_cut_off() {
+    let mut m = Mount::new();
+    let mut idle = Agent::spawn(m.mnt());
+    idle.ok(KEEP);
+    let mut writer = Agent::spawn(m.mnt());
+    let mut um = Command::new(env!("CARGO_BIN_EXE_txfs"))
+        .arg("umount")
+        .arg(m.mnt())
+        .env("TXFS_TEST_UMOUNT_PAUSE_MS", "1500")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    writer.ok("W = open(M + '/log', 'w'); W.write('a'); W.flush()");
+    let out = um.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "txfs umount: {err}");
+    assert!(!is_mounted(m.mnt()), "detached");
+    assert!(err.contains("in use again"), "says the mount lives on: {err}");
+    writer.ok("W.write('b\\n'); W.close()");
+    drop(writer);
+    drop(idle);
+    let b = m.backing().to_path_buf();
+    assert!(
+        wait_until(std::time::Duration::from_secs(20), || std::fs::read_to_string(b.join("log"))
+            .is_ok_and(|s| s == "ab\n")),
+        "the writer's file, whole, once everybody let go: {:?}",
+        std::fs::read_to_string(b.join("log"))
+    );
+}
