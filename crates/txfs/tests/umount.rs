@@ -111,11 +111,11 @@ fn umount_refuses_when_the_mount_is_also_mounted_elsewhere() {
 /// the mount is detached but left alive until the program lets go.
 #[test]
 fn a_file_opened_during_the_umount_is_not_cut_off() {
-    let mut m = Mount::new();
+    let m = Mount::new();
     let mut idle = Agent::spawn(m.mnt());
     idle.ok(KEEP);
     let mut writer = Agent::spawn(m.mnt());
-    let mut um = Command::new(env!("CARGO_BIN_EXE_txfs"))
+    let um = Command::new(env!("CARGO_BIN_EXE_txfs"))
         .arg("umount")
         .arg(m.mnt())
         .env("TXFS_TEST_UMOUNT_PAUSE_MS", "1500")
