@@ -171,6 +171,9 @@ impl StoredFile for FailFile {
         self.armed.before("fdatasync", &self.path, true);
         self.inner.sync_data()
     }
+    fn start_writeback(&self, off: u64, len: u64) {
+        self.inner.start_writeback(off, len)
+    }
 }
 
 impl Storage for FailFs {

@@ -96,6 +96,10 @@ pub trait StoredFile: Send + Sync {
     fn len(&self) -> io::Result<u64>;
     /// Data and size durable (see the module's durability contract).
     fn sync_data(&self) -> io::Result<()>;
+    /// Start writing `[off, off+len)` to the device without waiting, so a
+    /// later `sync_data` has less left to do. A hint: it promises nothing,
+    /// and may do nothing.
+    fn start_writeback(&self, _off: u64, _len: u64) {}
 }
 
 /// The storage seam. All paths are relative to the backing root.
