@@ -1186,7 +1186,7 @@ impl Engine {
                 match out {
                     Ok(v) => {
                         if !t.delta.is_empty() {
-                            commit_locked(&mut st, &self.shared.sync, t)?;
+                            commit_locked(&mut st, &self.shared.sync, t, false)?;
                         }
                         Ok(v)
                     }
@@ -1237,7 +1237,7 @@ impl Engine {
                 st.discard_tx(&t);
                 return Err(Error::Poisoned(p));
             }
-            let r = commit_locked(&mut st, &self.shared.sync, t);
+            let r = commit_locked(&mut st, &self.shared.sync, t, durability == Durability::Durable);
             if let Err(Error::Conflict { .. }) = &r {
                 st.stats.conflicts += 1;
                 st.stats.aborts += 1;
@@ -1709,7 +1709,8 @@ fn background(sh: Arc<Shared>, iv: Duration) {
 ///
 /// The record names the transaction's data files (synced first, ordered
 /// commits too: their bytes are written once) instead of carrying them.
-fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, Vec<ObjId>)> {
+/// `sync_follows`: the caller waits for this record's durability at once.
+fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx, sync_follows: bool) -> Result<(JPos, Vec<ObjId>)> {
     if let Some(w) = tx.doomed.take() {
         st.discard_tx(&tx);
         return Err(Error::Conflict { tx: tx.id, what: w });
@@ -1785,7 +1786,7 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx) -> Result<(JPos, 
             Ok(())
         };
         let mut j = placeholder_writer(st_ref);
-        let r = j.append(seq, durable_upto, version, &meta, data_len, &mut fill);
+        let r = j.append(seq, durable_upto, version, &meta, data_len, sync_follows, &mut fill);
         let end = j.end;
         st.journal.end = end;
         r
