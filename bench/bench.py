@@ -903,6 +903,42 @@ def chart(ctx: Ctx, path: str) -> None:
     plt.close(fig)
 
 
+def settle(ctx: Ctx, limit: float = 60.0) -> None:
+    """Before a workload: let the previous one's aftermath finish — the
+    daemons' background checkpoints and the page cache they dirtied. After
+    W8's 1 GiB write a W9 that started at once ran 335–484 µs per commit
+    for a second or more, 230–260 µs once the checkpoint's ~0.5 GiB of dirty
+    pages were written (bench/NOTES item 30). Waits until every daemon used
+    no CPU for 0.5 s and Dirty + Writeback is under 64 MiB, at most `limit` s."""
+    def ticks() -> int:
+        total = 0
+        for m in ctx.mounts:
+            try:
+                with open(f"/proc/{m.proc.pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+            except (OSError, IndexError, ValueError):
+                pass
+        return total
+
+    def dirty_kib() -> int:
+        n = 0
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(("Dirty:", "Writeback:")):
+                    n += int(line.split()[1])
+        return n
+
+    t_end = time.time() + limit
+    while time.time() < t_end:
+        os.sync()
+        before = ticks()
+        time.sleep(0.5)
+        if ticks() == before and dirty_kib() < 64 << 10:
+            return
+    log(f"settle: still busy after {limit:.0f} s; going on")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -927,6 +963,7 @@ def main() -> None:
         for wid, fn in WORKLOADS.items():
             if only and wid not in only:
                 continue
+            settle(ctx)
             log(f"{wid} ...")
             w0 = time.time()
             try:
