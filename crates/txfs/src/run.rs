@@ -23,6 +23,45 @@ use std::process::ExitCode;
 const EX_TEMPFAIL: u8 = 75;
 const EX_SOFTWARE: u8 = 70;
 
+/// The running CMD, for [`relay`].
+static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// While CMD runs, a termination signal sent to `txfs run` (by `kill`, a
+/// supervisor, `timeout`) is passed on to CMD: `txfs run` then sees CMD
+/// end by it and aborts the transaction, instead of dying itself and
+/// leaving CMD running on (re-parented to init, in a view whose
+/// transaction is gone). Signals the kernel makes (a terminal's Ctrl-C or
+/// hangup) reach CMD's process group directly: not sent twice.
+extern "C" fn relay(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel hands a valid siginfo to an SA_SIGINFO handler.
+    let code = unsafe { (*info).si_code };
+    let child = CHILD.load(std::sync::atomic::Ordering::Relaxed);
+    if code <= 0 && child > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(child, sig) };
+    }
+}
+
+const RELAYED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+
+/// Installs [`relay`] for the termination signals, CMD being `pid`; with
+/// `None`, the default dispositions again (CMD has been reaped: its pid
+/// may belong to someone else now).
+fn relay_signals_to(pid: Option<libc::pid_t>) {
+    CHILD.store(pid.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = relay;
+    for sig in RELAYED {
+        // SAFETY: a zeroed sigaction with a valid SA_SIGINFO handler or SIG_DFL.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = if pid.is_some() { handler as usize } else { libc::SIG_DFL };
+            sa.sa_flags = if pid.is_some() { libc::SA_SIGINFO | libc::SA_RESTART } else { 0 };
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
 fn run_ioctl(mount: &std::fs::File, pid: u32, op: u32, flags: u32, devfd: i32) -> std::io::Result<()> {
     let mut arg = [0u8; 16];
     arg[0..4].copy_from_slice(&pid.to_le_bytes());
@@ -181,6 +220,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                 libc::_exit(127);
             }
         }
+        relay_signals_to(Some(pid));
         // SAFETY: closing our copies of the child's ends.
         unsafe {
             libc::close(go[0]);
@@ -221,6 +261,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                 break;
             }
         }
+        relay_signals_to(None);
         if let Err(e) = registered {
             eprintln!("txfs run: could not start a transaction on {}: {e}", point.display());
             return ExitCode::from(EX_SOFTWARE);

@@ -443,3 +443,29 @@ print(json.dumps({k: v.hex() for k, v in model.items()}))
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+/// Story: a supervisor (systemd, `timeout`, a test harness) stops
+/// `txfs run` with SIGTERM. Its command must stop too and the transaction
+/// abort — not `txfs run` dying alone while the command runs on, orphaned,
+/// in a view whose transaction is gone (found in the benchmark: every run
+/// left five `sleep 3600`s behind).
+#[test]
+fn sigterm_to_txfs_run_stops_the_command_and_aborts() {
+    let m = Mount::new();
+    let pidfile = m.scratch().join("cmd.pid");
+    let script = format!("echo $$ > {}; echo x > f; exec sleep 60", pidfile.display());
+    let mut run = m.run_cmd(&[], &["sh", "-c", &script]).spawn().unwrap();
+    assert!(wait_until(Duration::from_secs(20), || pidfile.exists() && m.live_txs() == 1), "the command runs");
+    std::thread::sleep(Duration::from_millis(100));
+    let cmd_pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    // SAFETY: plain kill of our child.
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    let st = wait_timeout(&mut run, Duration::from_secs(20)).expect("txfs run ended after SIGTERM");
+    assert_eq!(st.code(), Some(128 + libc::SIGTERM), "exit status says the command was terminated: {st}");
+    // SAFETY: probing a pid.
+    let alive = unsafe { libc::kill(cmd_pid, 0) } == 0
+        && std::fs::read_to_string(format!("/proc/{cmd_pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    assert!(!alive, "the command outlived txfs run");
+    assert!(wait_until(Duration::from_secs(10), || m.live_txs() == 0), "the transaction ended");
+    assert_errno(std::fs::metadata(m.path("f")), libc::ENOENT, "aborted: nothing of the command survived");
+}
