@@ -96,11 +96,25 @@ fn old_records_after_the_last_new_one_end_the_journal() {
     let (jp, recs, end) = common::journal_records(&img);
     assert_eq!(recs.len(), 2, "{recs:?}");
     // The scenario: a whole old record starts right where a third new
-    // record would, with an older sequence number.
-    let mut h = [0u8; REC_HEADER_LEN as usize];
-    img.read_at(&jp, end, &mut h).unwrap();
-    assert_eq!(u32::from_le_bytes(h[0..4].try_into().unwrap()), REC_MAGIC, "no old record lines up at {end}");
-    drop(img);
+    // record would, with an older sequence number. The writer zeros the
+    // rest of the last record's page (journal.rs, DataSink::finish), which
+    // wipes the start of epoch 2's third record there; so epoch 2's fourth
+    // record (one record length further, whole) is put where a third new
+    // one would start, as a crash that kept only the old page would leave it.
+    let len = recs[1].1 - recs[1].0;
+    let mut old = vec![0u8; len as usize];
+    img.read_at(&jp, end + len, &mut old).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(old[0..4].try_into().unwrap()),
+        REC_MAGIC,
+        "epoch 2's fourth record at {}",
+        end + len
+    );
+    let mut zeros = [1u8; 16];
+    img.read_at(&jp, end, &mut zeros).unwrap();
+    assert!(zeros.iter().all(|b| *b == 0), "zeros after the last record, to its page's end");
+    img.write_at(&jp, end, &old).unwrap();
+    let fs = CrashFs::new(img);
     // Every commit was acknowledged durable: any power cut keeps them all.
     recovers_to(&fs, 'H', 40, "healthy recycled journal");
 }
