@@ -421,12 +421,9 @@ fn umount(point: &Path) -> Result<(), String> {
         .and_then(|b| std::fs::read_to_string(b.join(".txfs/daemon.pid")).ok())
         .and_then(|s| s.trim().parse::<i32>().ok());
     let c = std::ffi::CString::new(m.point.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
-    // The FUSE connection's number (the minor of the mount's device).
-    let conn = {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(&m.point).ok().map(|md| libc::minor(md.dev()))
-    };
+    // The mount's device; its minor is the FUSE connection's number.
     let id = busy::ident(&m.point);
+    let conn = id.map(|i| i.minor);
     let mut detached = false;
     // SAFETY: valid C string.
     if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
