@@ -50,8 +50,10 @@ def _in_mountinfo(mnt: str) -> bool:
         return any(line.split()[4] == mnt for line in f if len(line.split()) > 4)
 
 
-def _unmount(mnt: str) -> None:
-    for cmd in (["fusermount3", "-u", mnt], ["fusermount", "-u", mnt], ["umount", mnt], ["umount", "-l", mnt]):
+def _unmount(binary: str, mnt: str) -> None:
+    # txfs umount first: this process's txfs client keeps descriptors of the
+    # mount root between transactions, which a plain umount calls busy
+    for cmd in ([binary, "umount", mnt], ["fusermount3", "-u", mnt], ["fusermount", "-u", mnt], ["umount", mnt], ["umount", "-l", mnt]):
         if not _in_mountinfo(mnt):
             return
         try:
@@ -104,7 +106,7 @@ def txfs_mount(request: pytest.FixtureRequest) -> Iterator[TxfsMount]:
         if proc.poll() is not None:
             pytest.fail(f"txfs daemon died during the tests ({proc.returncode}):\n{_log_tail(log)}")
     finally:
-        _unmount(mnt)
+        _unmount(binary, mnt)
         if proc.poll() is None:
             proc.terminate()
             try:

@@ -8,26 +8,30 @@ commits, then visible all at once.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 import pytest
 
 import txfs
 
-from conftest import TxfsMount
+from conftest import DEFAULT_BIN, TxfsMount
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 60
+T = TypeVar("T")
 
 
 def run(cmd: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
@@ -568,24 +572,170 @@ def test_read_only_mmap(work: str, shared: bool) -> None:
     assert read(f) == "tx data"
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _mount_fds(mnt: str) -> list[int]:
+    """This process's descriptors of the mount root ``mnt``."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == mnt:
+                out.append(int(name))
+        except OSError:
+            pass
+    return sorted(out)
 
 
-def test_mount_descriptor_lives_as_long_as_the_transaction(work: str) -> None:
-    """The outermost begin keeps one descriptor of the mount; every way a
-    transaction ends closes it (a leaked one would keep the mount busy)."""
-    before = _open_fds()
+def _in_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` in a new thread (which starts without a kept descriptor)
+    and return its result, re-raising what it raised."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["v"] = fn()
+        except BaseException as e:  # re-raised below
+            box["e"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    if "e" in box:
+        raise box["e"]
+    return box["v"]
+
+
+def test_thread_keeps_one_mount_descriptor_and_closes_it_at_exit(mnt: str, work: str) -> None:
+    """A transaction holds one descriptor of the mount root; the thread keeps
+    it for its next transaction whichever way one ends (no OPENDIR per
+    transaction, and never more than one), and closes it when it exits (a
+    leaked one would keep the mount busy)."""
+    before = _mount_fds(mnt)
+
+    def body() -> list[int]:
+        with txfs.transaction():
+            during = _mount_fds(mnt)
+            assert len(during) == len(before) + 1
+            with txfs.transaction():
+                assert _mount_fds(mnt) == during
+        kept = _mount_fds(mnt)
+        assert kept == during, "the descriptor is kept for the next transaction"
+        assert fcntl.fcntl(next(iter(set(kept) - set(before))), fcntl.F_GETFL) & os.O_DSYNC, "marked for txfs umount"
+        with pytest.raises(RuntimeError):
+            with txfs.transaction():
+                raise RuntimeError("abort")
+        assert _mount_fds(mnt) == kept, "an abort keeps the same descriptor"
+        with txfs.transaction():
+            write(os.path.join(work, "f"), "x")
+        assert _mount_fds(mnt) == kept, "a commit keeps the same descriptor"
+        with pytest.raises(OSError):
+            txfs.commit()
+        assert _mount_fds(mnt) == kept
+        return kept
+
+    kept = _in_thread(body)
+    assert len(kept) == len(before) + 1
+    assert _mount_fds(mnt) == before, "the thread's exit closed its kept descriptor"
+    assert read(os.path.join(work, "f")) == "x"
+
+
+def test_forked_child_closes_kept_descriptors(mnt: str, work: str) -> None:
+    """A forked child closes its copies of the parent's kept descriptors (it
+    would hold the mount busy for its whole life) and opens its own."""
     with txfs.transaction():
-        assert _open_fds() == before + 1
+        write(os.path.join(work, "parent"), "p")
+    kept = _mount_fds(mnt)
+    assert kept
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running pytest's exit
+        code = 0
+        try:
+            os.close(r)
+            inherited = _mount_fds(mnt)
+            with txfs.transaction():
+                write(os.path.join(work, "child"), "c")
+            os.write(w, repr((inherited, len(_mount_fds(mnt)))).encode())
+        except BaseException as e:
+            os.write(w, repr(e).encode())
+            code = 1
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        report = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, report
+    inherited, after = eval(report)
+    assert inherited == [], "the child closed the parent's kept descriptor at the fork"
+    assert after == 1, "the child keeps its own"
+    assert read(os.path.join(work, "child")) == "c"
+    assert _mount_fds(mnt) == kept, "the parent's is untouched"
+    with txfs.transaction():
+        write(os.path.join(work, "parent"), "p2")
+    assert _mount_fds(mnt) == kept
+
+
+def test_kept_descriptor_number_reused_by_the_program_is_left_alone(mnt: str, work: str, tmp_path: Any) -> None:
+    """A program that closes the kept descriptor behind the library's back and
+    reuses its number gets to keep its own file: the library neither uses
+    nor closes a descriptor that no longer names what it opened."""
+
+    def body() -> None:
         with txfs.transaction():
-            assert _open_fds() == before + 1
-        assert _open_fds() == before + 1
-    assert _open_fds() == before
-    with pytest.raises(RuntimeError):
+            pass
+        (kept,) = set(_mount_fds(mnt)) - set(before)
+        other = str(tmp_path / "mine")  # off the mount: a txfs ioctl on it fails
+        write(other, "my bytes")
+        fd = os.open(other, os.O_RDONLY)
+        os.dup2(fd, kept)  # closes the kept descriptor, reuses its number
+        os.close(fd)
         with txfs.transaction():
-            raise RuntimeError("abort")
-    assert _open_fds() == before
-    with pytest.raises(OSError):
-        txfs.commit()
-    assert _open_fds() == before
+            write(os.path.join(work, "g"), "y")
+        assert os.pread(kept, 100, 0) == b"my bytes", "the reused number is still the program's"
+        os.close(kept)
+
+    before = _mount_fds(mnt)
+    _in_thread(body)
+    assert read(os.path.join(work, "g")) == "y"
+    assert _mount_fds(mnt) == before
+
+
+def test_txfs_umount_detaches_a_mount_held_only_by_kept_descriptors(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``txfs umount`` of a mount this idle process still keeps a descriptor
+    of succeeds; the next begin on that path is no longer on txfs, and a new
+    mount there works at once."""
+    binary = os.environ.get("TXFS_BIN") or DEFAULT_BIN
+    base = os.path.realpath(tempfile.mkdtemp(prefix="txfs-pytest-umount."))
+    backing, point = os.path.join(base, "b"), os.path.join(base, "m")
+    os.mkdir(backing)
+    os.mkdir(point)
+
+    def mount() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([binary, "mount", backing, point, "-f"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not any(e.point == point for e in txfs.read_mountinfo("/proc/self/mountinfo")):
+            assert proc.poll() is None and time.monotonic() < deadline, "txfs did not mount"
+            time.sleep(0.05)
+        return proc
+
+    proc = mount()
+    try:
+        with txfs.transaction(mount=point):
+            write(os.path.join(point, "a"), "1")
+        assert _mount_fds(point), "the thread keeps a descriptor of the mount"
+        done = subprocess.run([binary, "umount", point], capture_output=True, text=True, timeout=TIMEOUT)
+        assert done.returncode == 0, done.stderr
+        assert proc.wait(timeout=TIMEOUT) == 0
+        with pytest.raises(OSError) as ei:
+            txfs.begin(point)
+        assert ei.value.errno in (errno.ENOTTY, errno.ENODEV), ei.value
+        proc = mount()
+        with txfs.transaction(mount=point):
+            write(os.path.join(point, "a"), "2")
+        assert read(os.path.join(point, "a")) == "2"
+        assert len(_mount_fds(point)) == 1, "the stale descriptor was replaced, not leaked"
+    finally:
+        subprocess.run([binary, "umount", point], capture_output=True, timeout=TIMEOUT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(base, ignore_errors=True)

@@ -272,7 +272,7 @@ class FakeDaemon:
         self.fail_next_commit_with: Optional[int] = None
         self.lock = threading.Lock()
 
-    def ioctl(self, mount: str, request: int, arg: bytes, keep: bool = False) -> bytes:
+    def ioctl(self, mount: str, request: int, arg: bytes) -> bytes:
         tid = threading.get_native_id()
         names = {v: k for k, v in _wire.IOCTLS.items()}
         name = names[request]
@@ -316,6 +316,8 @@ class FakeDaemon:
 def daemon(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDaemon]:
     d = FakeDaemon()
     monkeypatch.setattr(txfs, "_ioctl", d.ioctl)
+    # the outermost begin opens (or reuses) a real descriptor: none here
+    monkeypatch.setattr(txfs, "_begin_outermost", lambda root, arg: (d.ioctl(root, _wire.TXFS_IOC_BEGIN, arg), -1)[1])
     monkeypatch.setattr(txfs, "find_mount", lambda path=None, **kw: "/fake/mnt")
     yield d
     assert not txfs.in_transaction()

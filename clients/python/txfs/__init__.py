@@ -115,6 +115,7 @@ class _Local(threading.local):
         self.depth = 0  # begins through this module, not yet ended
         self.tid = 0  # who wrote this record (a forked child inherits it)
         self.fd = -1  # the mount root, open for the outermost transaction
+        self.kept: Optional[_Kept] = None  # kept between transactions
 
 
 _local = _Local()
@@ -127,11 +128,149 @@ def _valid() -> bool:
 def _clear() -> None:
     # A forked child's copy names its parent's descriptor: not ours to close.
     if _local.fd >= 0 and _local.tid == threading.get_native_id():
-        os.close(_local.fd)
+        _keep(_local.fd, _local.mount or "")
     _local.fd = -1
     _local.mount = None
     _local.depth = 0
     _local.tid = 0
+
+
+# ---- descriptors kept between transactions -----------------------------------
+#
+# As in the C library (clients/c/txfs.c), each thread keeps the mount root's
+# descriptor of its last transaction for its next one: a transaction then
+# costs the daemon begin and commit, not OPENDIR and RELEASEDIR besides. The
+# descriptor is opened O_DSYNC (meaningless for a directory) as the mark by
+# which `txfs umount` recognises it and detaches a mount that only such
+# descriptors hold. Every descriptor this module holds beyond one call is in
+# `_held` with the identity it was opened with, and is used or closed only
+# while it still names that (a program may close numbers behind our back and
+# reuse them). A thread's kept descriptor is closed when the thread ends (its
+# thread-local record is finalized), and a forked child closes its copies of
+# all of them at the fork.
+
+_AT_EMPTY_PATH = 0x1000
+_STATX_INO = 0x100
+_O_DSYNC = getattr(os, "O_DSYNC", 0o10000)
+
+_held_lock = threading.RLock()  # re-entrant: a finalizer may run inside
+_held: dict[int, tuple[int, int]] = {}  # fd -> (dev, ino) when opened
+
+
+def _fd_identity(fd: int) -> Optional[tuple[int, int]]:
+    """Device and inode of what ``fd`` names, as the kernel has them cached."""
+    if _statx is not None:
+        buf = _Statx()
+        if _statx(fd, b"", _AT_EMPTY_PATH | _AT_STATX_DONT_SYNC, _STATX_INO, ctypes.byref(buf)) == 0:
+            return os.makedev(buf.dev_major, buf.dev_minor), buf.ino
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _still_ours(fd: int, ident: tuple[int, int]) -> bool:
+    try:
+        marked = fcntl.fcntl(fd, fcntl.F_GETFL) & _O_DSYNC
+    except OSError:
+        return False
+    return bool(marked) and _fd_identity(fd) == ident
+
+
+def _open_held(mount: str) -> int:
+    """Open the root of ``mount`` (marked) and register the descriptor."""
+    fd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | _O_DSYNC)
+    ident = _fd_identity(fd)
+    if ident is None:
+        os.close(fd)
+        raise OSError(errno.EIO, f"cannot stat the descriptor of {mount}", mount)
+    with _held_lock:
+        _held[fd] = ident
+    return fd
+
+
+def _close_held(fd: int) -> None:
+    """Forget ``fd``; close it if it is still ours."""
+    with _held_lock:
+        ident = _held.pop(fd, None)
+        if ident is not None and _still_ours(fd, ident):
+            os.close(fd)
+
+
+def _check_held(fd: int) -> bool:
+    """Whether registered ``fd`` is still ours (if not, it is forgotten, not closed)."""
+    with _held_lock:
+        ident = _held.get(fd)
+        ours = ident is not None and _still_ours(fd, ident)
+        if ident is not None and not ours:
+            del _held[fd]
+        return ours
+
+
+def _after_fork_child() -> None:
+    for fd, ident in list(_held.items()):
+        if _still_ours(fd, ident):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _held.clear()
+    _held_lock.release()
+
+
+os.register_at_fork(
+    before=_held_lock.acquire, after_in_parent=_held_lock.release, after_in_child=_after_fork_child
+)
+
+
+class _Kept:
+    """A thread's kept descriptor of the root of ``mount`` (device ``dev``).
+
+    Finalized with the thread's record when the thread ends, which closes it;
+    believed only in the process that opened it."""
+
+    __slots__ = ("fd", "mount", "dev", "pid")
+
+    def __init__(self, fd: int, mount: str, dev: int) -> None:
+        self.fd, self.mount, self.dev, self.pid = fd, mount, dev, os.getpid()
+
+    def drop(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0 and self.pid == os.getpid():
+            _close_held(fd)
+
+    def __del__(self) -> None:
+        try:
+            self.drop()
+        except Exception:  # interpreter shutdown: nothing left to do it with
+            pass
+
+
+def _keep(fd: int, mount: str) -> None:
+    """Keep ``fd`` (the root of ``mount``) for the thread's next transaction."""
+    old, _local.kept = _local.kept, None
+    if old is not None:
+        old.drop()
+    ident = _fd_identity(fd)
+    if ident is None or not mount:
+        _close_held(fd)
+        return
+    _local.kept = _Kept(fd, mount, ident[0])
+
+
+def _take_kept(mount: str) -> int:
+    """The thread's kept descriptor if it is of ``mount`` and that is still
+    the same mount (its cached device); else -1 (a stale one is closed)."""
+    k, _local.kept = _local.kept, None
+    if k is None or k.fd < 0 or k.pid != os.getpid():
+        return -1
+    if k.mount != mount or _cached_dev(mount) != k.dev:
+        k.drop()
+        return -1
+    fd, k.fd = k.fd, -1
+    return fd if _check_held(fd) else -1
 
 
 # ---- mount resolution, remembered per thread ---------------------------------
@@ -140,7 +279,7 @@ def _clear() -> None:
 # to the daemon each, when the kernel has no fresh attributes). Each thread
 # remembers its last answer and re-checks it by the device number the kernel
 # has cached (statx with AT_STATX_DONT_SYNC: no request), as the C library
-# does: a transaction then costs OPENDIR, begin, commit and RELEASEDIR.
+# does (the descriptor itself is kept: see above).
 
 _AT_FDCWD = -100
 _AT_STATX_DONT_SYNC = 0x4000
@@ -235,24 +374,42 @@ def _fd_ioctl(fd: int, mount: str, request: int, arg: bytes) -> bytes:
         raise OSError(code, os.strerror(code), mount) from None
 
 
-def _ioctl(mount: str, request: int, arg: bytes, keep: bool = False) -> bytes:
+def _ioctl(mount: str, request: int, arg: bytes) -> bytes:
     """One ioctl on ``mount``: through the thread's transaction descriptor
-    when it is on that mount, else open, ioctl, close. ``keep`` (the outermost
-    begin) keeps the descriptor for the transaction, which :func:`_clear`
-    closes: fewer requests per transaction, and none outlives it."""
+    when it is on that mount, else open, ioctl, close."""
     if _valid() and _local.fd >= 0 and mount == _local.mount:
         return _fd_ioctl(_local.fd, mount, request, arg)
     fd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        out = _fd_ioctl(fd, mount, request, arg)
+        return _fd_ioctl(fd, mount, request, arg)
+    finally:
+        os.close(fd)
+
+
+# A kept descriptor whose mount went away (unmounted, its daemon gone)
+# answers one of these: the begin is tried again on a fresh descriptor.
+_GONE = (errno.ENOTCONN, errno.ECONNABORTED, errno.ENODEV, errno.ECANCELED)
+
+
+def _begin_outermost(root: str, arg: bytes) -> int:
+    """Begin on the thread's kept descriptor of ``root`` or a fresh one;
+    returns the descriptor, which then serves the transaction."""
+    fd = _take_kept(root)
+    if fd >= 0:
+        try:
+            _fd_ioctl(fd, root, _wire.TXFS_IOC_BEGIN, arg)
+            return fd
+        except OSError as e:
+            _close_held(fd)
+            if e.errno not in _GONE:
+                raise
+    fd = _open_held(root)
+    try:
+        _fd_ioctl(fd, root, _wire.TXFS_IOC_BEGIN, arg)
     except BaseException:
-        os.close(fd)
+        _close_held(fd)
         raise
-    if keep:
-        _local.fd = fd
-    else:
-        os.close(fd)
-    return out
+    return fd
 
 
 def _flags(flags: int) -> bytes:
@@ -292,7 +449,7 @@ def begin(mount: Optional[PathArg] = None, flags: int = 0) -> None:
         _ioctl(_local.mount, _wire.TXFS_IOC_BEGIN, _flags(flags))
         _local.depth += 1
         return
-    _ioctl(root, _wire.TXFS_IOC_BEGIN, _flags(flags), keep=True)
+    _local.fd = _begin_outermost(root, _flags(flags))
     _local.mount = root
     _local.tid = threading.get_native_id()
     _local.depth = 1

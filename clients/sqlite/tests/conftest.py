@@ -60,7 +60,9 @@ def txfs_mount() -> Iterator[Mount]:
         yield Mount(mnt, backing, log)
         assert proc.poll() is None, f"txfs daemon died: {open(log).read()[-2000:]}"
     finally:
-        for cmd in (["fusermount3", "-u", mnt], ["umount", mnt], ["umount", "-l", mnt]):
+        # txfs umount first: this process's txfs client keeps descriptors of
+        # the mount root between transactions, which a plain umount calls busy
+        for cmd in ([binary, "umount", mnt], ["fusermount3", "-u", mnt], ["umount", mnt], ["umount", "-l", mnt]):
             if not _mounted(mnt):
                 break
             subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
