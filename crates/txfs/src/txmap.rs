@@ -72,7 +72,34 @@ pub struct ThreadTx {
     pub depth: u32,
     /// False if this begin only nested inside a tree transaction.
     pub owned: bool,
-    pub start: Option<u64>,
+    pub start: Start,
+}
+
+/// Which thread a [`ThreadTx`] belongs to, for the reaper (thread ids are
+/// reused): its start time, clock ticks since boot (/proc/TID/stat).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Read from /proc (`None`: the thread was already gone).
+    Known(Option<u64>),
+    /// Not read yet; the boot-time tick of the begin. A begin does not read
+    /// /proc on its reply path: the ~8 µs it took moved the client to the
+    /// other CPU, whose wake-up its next request then paid (bench/NOTES.md
+    /// 33). The reaper reads it, and a thread that started after the begin's
+    /// tick is not the thread that began.
+    Pending(u64),
+}
+
+/// CLOCK_BOOTTIME in clock ticks (the unit of /proc/PID/stat's start time).
+fn boot_tick() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec; sysconf has no preconditions.
+    let (ok, hz) =
+        unsafe { (libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) == 0, libc::sysconf(libc::_SC_CLK_TCK)) };
+    let hz = if hz > 0 { hz as u64 } else { 100 };
+    if !ok {
+        return u64::MAX; // never "started after the begin": only a dead thread is reaped
+    }
+    ts.tv_sec as u64 * hz + ts.tv_nsec as u64 * hz / 1_000_000_000
 }
 
 #[derive(Clone, Debug)]
@@ -203,7 +230,7 @@ impl TxMap {
                 }
                 g.trees_gen
             };
-            let start = start_time(tid);
+            let start = Start::Pending(boot_tick());
             let in_tree = self.tree_of(tid);
             let mut g = self.inner.lock();
             if g.trees_gen != gen {
@@ -225,7 +252,7 @@ impl TxMap {
             t.depth += 1;
             return;
         }
-        let start = start_time(tid);
+        let start = Start::Known(start_time(tid));
         self.inner.lock().threads.insert(tid, ThreadTx { tx, depth: 1, owned: false, start });
     }
 
@@ -273,16 +300,32 @@ impl TxMap {
     pub fn reap(&self) -> Vec<TxId> {
         let (threads, owners) = {
             let g = self.inner.lock();
-            let threads: Vec<(u32, TxId, Option<u64>)> =
-                g.threads.iter().map(|(tid, t)| (*tid, t.tx, t.start)).collect();
+            let threads: Vec<(u32, TxId, Start)> = g.threads.iter().map(|(tid, t)| (*tid, t.tx, t.start)).collect();
             let owners: Vec<(u32, u32, Option<u64>)> =
                 g.trees.iter().map(|(r, t)| (*r, t.owner, t.owner_start)).collect();
             (threads, owners)
         };
-        let gone_threads: Vec<_> = threads.into_iter().filter(|(tid, _, start)| start_time(*tid) != *start).collect();
+        let mut gone_threads = Vec::new();
+        let mut learned = Vec::new();
+        for (tid, tx, start) in threads {
+            let now = start_time(tid);
+            match start {
+                Start::Known(s) if now != s => gone_threads.push((tid, tx, start)),
+                Start::Known(_) => {}
+                Start::Pending(begun) => match now {
+                    Some(s) if s <= begun => learned.push((tid, tx, start, s)),
+                    _ => gone_threads.push((tid, tx, start)),
+                },
+            }
+        }
         let gone_trees: Vec<_> = owners.into_iter().filter(|(_, owner, start)| start_time(*owner) != *start).collect();
         let mut g = self.inner.lock();
         let mut dead = Vec::new();
+        for (tid, tx, start, s) in learned {
+            if let Some(t) = g.threads.get_mut(&tid).filter(|t| t.tx == tx && t.start == start) {
+                t.start = Start::Known(Some(s));
+            }
+        }
         for (tid, tx, start) in gone_threads {
             if g.threads.get(&tid).is_some_and(|t| t.tx == tx && t.start == start) {
                 if let Some(t) = g.threads.remove(&tid) {
@@ -406,5 +449,44 @@ mod tests {
             map.drop_thread(tid);
         }
         assert_eq!(stale, 0, "threads left in an ended tree's transaction");
+    }
+
+    fn gettid() -> u32 {
+        // SAFETY: gettid has no preconditions.
+        unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+    }
+
+    /// A begin leaves the thread's start time to the reaper, which keeps a
+    /// live thread's transaction (learning its start), aborts a dead one's,
+    /// and treats a thread that started after the begin as another thread
+    /// with a reused id.
+    #[test]
+    fn the_reaper_learns_start_times_and_reaps_dead_or_younger_threads() {
+        let map = TxMap::default();
+        let me = gettid();
+        let tx = map.begin(me, || TxId(1));
+        assert!(matches!(map.inner.lock().threads[&me].start, Start::Pending(_)), "no /proc read at the begin");
+        assert_eq!(map.reap(), Vec::<TxId>::new(), "a live thread is not reaped");
+        assert_eq!(map.inner.lock().threads[&me].start, Start::Known(start_time(me)));
+        assert_eq!(map.reap(), Vec::<TxId>::new());
+        assert_eq!(map.thread(me).map(|t| t.0), Some(tx));
+
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let m = std::sync::Arc::new(map);
+        let m2 = m.clone();
+        std::thread::spawn(move || {
+            let tid = gettid();
+            m2.begin(tid, || TxId(2));
+            done_tx.send(tid).unwrap();
+        })
+        .join()
+        .unwrap();
+        let dead = done_rx.recv().unwrap();
+        assert_eq!(m.reap(), vec![TxId(2)], "a thread that exited in its transaction is reaped");
+        assert!(m.thread(dead).is_none());
+
+        // The same id, but a thread that started after the begin: not ours.
+        m.inner.lock().threads.get_mut(&me).unwrap().start = Start::Pending(start_time(me).unwrap() - 1);
+        assert_eq!(m.reap(), vec![TxId(1)], "a younger thread with the begin's id is another thread");
     }
 }
