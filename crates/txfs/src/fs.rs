@@ -197,14 +197,22 @@ impl CacheGate {
     }
 
     /// Drops every entry (the epoch) and attribute the kernel may cache.
+    /// Every cacheable reply names its node in `cached`, so when that is
+    /// empty nothing was cached since the gate opened (what was, before the
+    /// last close, that close's epoch already voids): nothing to drop. A
+    /// thread committing one transaction after another (W9) then saves the
+    /// epoch write, and the kernel keeps nothing it would re-look up.
     fn invalidate(&self, notifier: Option<&fuser::Notifier>) {
+        let cached = std::mem::take(&mut *self.cached.lock());
+        if cached.is_empty() {
+            return;
+        }
         if let Some(dev) = self.dev.get() {
             if let Err(e) = inc_epoch(dev) {
                 tracing::error!("FUSE_NOTIFY_INC_EPOCH failed ({e}): no more kernel caching on this mount");
                 self.broken.store(true, Ordering::SeqCst);
             }
         }
-        let cached = std::mem::take(&mut *self.cached.lock());
         if let Some(n) = notifier {
             for ino in cached {
                 // Offset -1: attributes only, no page-cache work. ENOENT:
