@@ -24,10 +24,12 @@
 //!           TXFSJNL1: reserved, 0)
 //!  48  meta (bincode `CommitRecord`), then data (extent bytes)
 //! ```
-//! The header is written last, so a record whose write was torn anywhere
-//! fails its checksum. The nonce keys both checksums to this one file:
-//! record data is bytes users wrote into files, and without a key a user
-//! could write a byte string that is a whole record; the nonce is in
+//! A record that fits the writer's buffer is written in one `pwrite`; a
+//! bigger one writes its header last. The checksum covers it all, so a
+//! record whose write was torn anywhere fails it. The nonce keys both
+//! checksums to this one file: record data is bytes users wrote into
+//! files, and without a key a user could write a byte string that is a
+//! whole record; the nonce is in
 //! `.txfs/`, which the mount hides, so nobody can compute a record that
 //! verifies here, and a record of another journal (a recycled file's old
 //! bytes) never does. The header check lets a scan reject a candidate
@@ -389,22 +391,38 @@ impl JournalWriter {
         crc = crc32c::crc32c_append(crc, meta);
         let path = self.path.clone();
         let what = || format!("{}", path.display());
-        let meta_at = start + REC_HEADER_LEN;
-        self.file.write_at(meta_at, meta).ctx("journal write", what)?;
-        let data_start = meta_at + meta.len() as u64;
-        let mut sink =
-            DataSink { file: &*self.file, at: data_start, crc, written: 0, buf: Vec::new(), kicked: data_start };
+        let data_start = start + REC_HEADER_LEN + meta.len() as u64;
+        // The sink starts with a placeholder header and the meta: a record
+        // that fits its buffer (every small commit) is one `pwrite`, header
+        // included, instead of three (meta, data, header). Its checksum
+        // covers it all, so a torn write fails it wherever it tore; the
+        // header is only ever written last for records too big for that.
+        let mut sink = if REC_HEADER_LEN as usize + meta.len() <= SINK_BUF {
+            let mut buf =
+                Vec::with_capacity(REC_HEADER_LEN as usize + meta.len() + data_len.min(SINK_BUF as u64) as usize);
+            buf.extend_from_slice(&[0u8; REC_HEADER_LEN as usize]);
+            buf.extend_from_slice(meta);
+            DataSink { file: &*self.file, at: start, crc, written: 0, buf, kicked: start }
+        } else {
+            // A big meta part (thousands of names) is written as it is.
+            self.file.write_at(start + REC_HEADER_LEN, meta).ctx("journal write", what)?;
+            DataSink { file: &*self.file, at: data_start, crc, written: 0, buf: Vec::new(), kicked: data_start }
+        };
         data(&mut sink)?;
-        sink.finish()?;
         if sink.written != data_len {
             return Err(Error::Poisoned(format!(
                 "journal record data length mismatch: {} != {data_len}",
                 sink.written
             )));
         }
-        let crc = sink.crc;
-        h[40..44].copy_from_slice(&crc.to_le_bytes());
-        self.file.write_at(start, &h).ctx("journal write", what)?;
+        h[40..44].copy_from_slice(&sink.crc.to_le_bytes());
+        if sink.at == start {
+            sink.buf[..REC_HEADER_LEN as usize].copy_from_slice(&h);
+            sink.finish()?;
+        } else {
+            sink.finish()?;
+            self.file.write_at(start, &h).ctx("journal write", what)?;
+        }
         let end = data_start + data_len;
         self.end = end;
         Ok(Appended { start, data_start, end })
@@ -818,6 +836,8 @@ mod tests {
     struct Hinted {
         data: parking_lot::Mutex<Vec<u8>>,
         hints: parking_lot::Mutex<Vec<(u64, u64)>>,
+        /// (offset, length) of every write.
+        writes: parking_lot::Mutex<Vec<(u64, usize)>>,
     }
 
     impl StoredFile for Hinted {
@@ -828,6 +848,7 @@ mod tests {
             Ok(n)
         }
         fn write_at(&self, off: u64, data: &[u8]) -> std::io::Result<()> {
+            self.writes.lock().push((off, data.len()));
             let mut d = self.data.lock();
             let end = off as usize + data.len();
             if d.len() < end {
@@ -874,8 +895,8 @@ mod tests {
     }
 
     /// A big record's data is handed to writeback in pieces while it is
-    /// written (contiguous, within the data part, at least KICK each); a
-    /// small record's is not.
+    /// written (contiguous from the record's start, within its pages, at
+    /// least KICK each); a small record's is not.
     #[test]
     fn big_records_start_writeback_as_they_are_written() {
         let f = Arc::new(Hinted::default());
@@ -895,12 +916,35 @@ mod tests {
         assert!(big.start >= small.end);
         let hints = f.hints.lock().clone();
         assert!(hints.len() >= 3, "3.5 MiB: at least 3 pieces, got {hints:?}");
-        let mut at = big.data_start;
+        let mut at = big.start;
         for (off, len) in &hints {
-            assert_eq!(*off, at, "contiguous from the data part's start: {hints:?}");
+            assert_eq!(*off, at, "contiguous from the record's start: {hints:?}");
             assert!(*len >= KICK, "{hints:?}");
             at += len;
         }
         assert!(at <= big.end.div_ceil(PAGE) * PAGE, "within the record's pages: {hints:?}");
+    }
+
+    /// A record that fits the sink's buffer is one write, header included,
+    /// padded to its page's end; it scans back as written. A big one still
+    /// writes its header last.
+    #[test]
+    fn a_small_record_is_one_write() {
+        let f = Arc::new(Hinted::default());
+        let mut w = JournalWriter { epoch: Epoch(1), path: "j".into(), file: f.clone(), end: 64, nonce: 7 };
+        let page = vec![9u8; 4096];
+        let a = w.append(Seq(1), 0, 1, b"meta", 4096, false, &mut |s| s.put(&page)).unwrap();
+        assert_eq!(
+            *f.writes.lock(),
+            vec![(64, (a.end.div_ceil(PAGE) * PAGE - 64) as usize)],
+            "one write for the whole record"
+        );
+        assert_eq!(&f.data.lock()[a.data_start as usize..a.end as usize], &page[..]);
+        f.writes.lock().clear();
+        let big = vec![3u8; SINK_BUF + 1];
+        let b = w.append(Seq(2), 0, 1, b"meta", big.len() as u64, false, &mut |s| s.put(&big)).unwrap();
+        let writes = f.writes.lock().clone();
+        assert!(writes.len() >= 2, "{writes:?}");
+        assert_eq!(writes.last().map(|w| w.0), Some(b.start), "the header last: {writes:?}");
     }
 }
