@@ -25,13 +25,13 @@ use txfs_engine::TxId;
 /// the end: six syscalls, on every transaction's begin.) These files are
 /// produced whole by one `show`, so a read that leaves room in the buffer
 /// has returned all of it.
-fn read_proc(path: &str) -> Option<String> {
+fn read_proc(path: &str) -> std::io::Result<String> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path).ok()?;
+    let mut f = std::fs::File::open(path)?;
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
     loop {
-        let n = f.read(&mut buf[len..]).ok()?;
+        let n = f.read(&mut buf[len..])?;
         len += n;
         if n == 0 || len < buf.len() {
             break;
@@ -39,21 +39,60 @@ fn read_proc(path: &str) -> Option<String> {
         buf.resize(buf.len() * 2, 0);
     }
     buf.truncate(len);
-    String::from_utf8(buf).ok()
+    // Lossy: a thread's name is copied in unchecked, and one cut inside a
+    // UTF-8 sequence (names are truncated at 15 bytes) must not make the
+    // thread unreadable (the reaper would take it for gone).
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// What /proc says of a thread's start time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    /// Field 22 of /proc/PID/stat.
+    Alive(u64),
+    /// No such process or thread.
+    Gone,
+    /// Could not tell (/proc hidden or unreadable, out of descriptors, a
+    /// line that does not parse): nothing may be concluded.
+    Unknown,
+}
+
+fn probe(pid: u32) -> Probe {
+    let s = match read_proc(&format!("/proc/{pid}/stat")) {
+        Ok(s) => s,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => return Probe::Gone,
+        Err(_) => return Probe::Unknown,
+    };
+    // The command name may contain spaces and parentheses: split after the last ')'.
+    let field = s.rfind(')').and_then(|i| s.get(i + 2..)).and_then(|rest| rest.split(' ').nth(19));
+    match field.and_then(|f| f.parse().ok()) {
+        Some(t) => Probe::Alive(t),
+        None => Probe::Unknown,
+    }
 }
 
 /// Start time of a process or thread (field 22 of /proc/PID/stat), or
-/// `None` if it no longer exists.
+/// `None` if it no longer exists (or cannot be read).
 pub fn start_time(pid: u32) -> Option<u64> {
-    let s = read_proc(&format!("/proc/{pid}/stat"))?;
-    // The command name may contain spaces and parentheses: split after the last ')'.
-    let rest = &s[s.rfind(')')? + 2..];
-    rest.split(' ').nth(19)?.parse().ok()
+    match probe(pid) {
+        Probe::Alive(t) => Some(t),
+        Probe::Gone | Probe::Unknown => None,
+    }
+}
+
+/// Whether `pid`, recorded with start time `start`, is certainly not that
+/// process or thread any more (gone, or its id reused). Unknown: no.
+fn certainly_gone(pid: u32, start: Option<u64>) -> bool {
+    match probe(pid) {
+        Probe::Alive(t) => start != Some(t),
+        Probe::Gone => start.is_some(),
+        Probe::Unknown => false,
+    }
 }
 
 /// (Tgid, PPid) of a thread.
 fn tgid_ppid(tid: u32) -> Option<(u32, u32)> {
-    let s = read_proc(&format!("/proc/{tid}/status"))?;
+    let s = read_proc(&format!("/proc/{tid}/status")).ok()?;
     let mut tgid = None;
     let mut ppid = None;
     for line in s.lines() {
@@ -308,17 +347,22 @@ impl TxMap {
         let mut gone_threads = Vec::new();
         let mut learned = Vec::new();
         for (tid, tx, start) in threads {
-            let now = start_time(tid);
             match start {
-                Start::Known(s) if now != s => gone_threads.push((tid, tx, start)),
-                Start::Known(_) => {}
-                Start::Pending(begun) => match now {
-                    Some(s) if s <= begun => learned.push((tid, tx, start, s)),
-                    _ => gone_threads.push((tid, tx, start)),
+                Start::Known(s) => {
+                    if certainly_gone(tid, s) {
+                        gone_threads.push((tid, tx, start));
+                    }
+                }
+                // Unknown: left pending, asked again next round.
+                Start::Pending(begun) => match probe(tid) {
+                    Probe::Alive(s) if s <= begun => learned.push((tid, tx, start, s)),
+                    Probe::Alive(_) | Probe::Gone => gone_threads.push((tid, tx, start)),
+                    Probe::Unknown => {}
                 },
             }
         }
-        let gone_trees: Vec<_> = owners.into_iter().filter(|(_, owner, start)| start_time(*owner) != *start).collect();
+        let gone_trees: Vec<_> =
+            owners.into_iter().filter(|(_, owner, start)| certainly_gone(*owner, *start)).collect();
         let mut g = self.inner.lock();
         let mut dead = Vec::new();
         for (tid, tx, start, s) in learned {
@@ -396,11 +440,11 @@ mod tests {
         let want: String = (0..3000).map(|i| format!("{i} ")).collect();
         std::fs::write(&dir, &want).unwrap();
         assert!(want.len() > 8192);
-        assert_eq!(read_proc(dir.to_str().unwrap()).as_deref(), Some(want.as_str()));
+        assert_eq!(read_proc(dir.to_str().unwrap()).ok().as_deref(), Some(want.as_str()));
         std::fs::remove_file(&dir).unwrap();
         let stat = read_proc("/proc/self/stat").unwrap();
         assert!(stat.ends_with('\n') && stat.starts_with(&format!("{} (", std::process::id())));
-        assert_eq!(read_proc("/proc/self/no-such-file"), None);
+        assert!(read_proc("/proc/self/no-such-file").is_err());
     }
 
     #[test]
@@ -488,5 +532,33 @@ mod tests {
         // The same id, but a thread that started after the begin: not ours.
         m.inner.lock().threads.get_mut(&me).unwrap().start = Start::Pending(start_time(me).unwrap() - 1);
         assert_eq!(m.reap(), vec![TxId(1)], "a younger thread with the begin's id is another thread");
+    }
+
+    /// A thread whose name is not valid UTF-8 (cut inside a character at 15
+    /// bytes) is alive: the reaper keeps its transaction (review finding:
+    /// an unreadable stat file counted as a dead thread).
+    #[test]
+    fn a_thread_with_a_non_utf8_name_is_not_reaped() {
+        let map = std::sync::Arc::new(TxMap::default());
+        let (m2, (ready_tx, ready_rx), (go_tx, go_rx)) =
+            (map.clone(), std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let t = std::thread::spawn(move || {
+            let name = b"worker-caf\xc3\0";
+            // SAFETY: a NUL-terminated name of at most 16 bytes.
+            unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+            let tid = gettid();
+            m2.begin(tid, || TxId(5));
+            ready_tx.send(tid).unwrap();
+            go_rx.recv().unwrap();
+        });
+        let tid = ready_rx.recv().unwrap();
+        assert!(std::fs::read(format!("/proc/{tid}/comm")).unwrap().contains(&0xc3));
+        assert_eq!(map.reap(), Vec::<TxId>::new(), "alive, if oddly named");
+        assert_eq!(map.reap(), Vec::<TxId>::new());
+        assert!(map.thread(tid).is_some());
+        assert!(matches!(map.inner.lock().threads[&tid].start, Start::Known(Some(_))));
+        go_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert_eq!(map.reap(), vec![TxId(5)]);
     }
 }
