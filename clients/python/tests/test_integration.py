@@ -698,6 +698,98 @@ def test_kept_descriptor_number_reused_by_the_program_is_left_alone(mnt: str, wo
     assert _mount_fds(mnt) == before
 
 
+def test_thread_ending_inside_a_transaction_closes_its_descriptor(mnt: str, work: str) -> None:
+    """A thread that ends without committing leaves no descriptor of the
+    mount behind (the daemon aborts its transaction)."""
+    before = _mount_fds(mnt)
+
+    def body() -> None:
+        txfs.begin()
+        write(os.path.join(work, "never"), "x")
+
+    for _ in range(5):
+        _in_thread(body)
+    assert _mount_fds(mnt) == before
+    deadline = time.monotonic() + 5
+    while txfs.status(mnt)["live_txs"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(os.path.join(work, "never"))
+
+
+def test_a_number_reopened_by_another_thread_is_that_threads(mnt: str, work: str) -> None:
+    """Thread A's kept descriptor is closed behind its back and the number
+    goes to thread B's descriptor of the same root (same device, inode and
+    mark): A's record must not close it when A ends, nor serve A's next
+    transaction (B's transactions go on through it after A is gone)."""
+    a_kept: list[int] = []
+    go_a, a_done = threading.Event(), threading.Event()
+    box: dict[str, Any] = {}
+
+    def thread_a() -> None:
+        try:
+            with txfs.transaction():
+                pass
+            a_kept.extend(set(_mount_fds(mnt)) - set(before))
+            go_a.wait(TIMEOUT)  # then A ends, still holding its record of n
+        except BaseException as e:
+            box["a"] = e
+        finally:
+            a_done.set()
+
+    before = _mount_fds(mnt)
+    ta = threading.Thread(target=thread_a)
+    ta.start()
+    deadline = time.monotonic() + TIMEOUT
+    while not a_kept and ta.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (n,) = a_kept
+    os.close(n)  # behind the library's back
+
+    def thread_b() -> int:
+        with txfs.transaction():
+            write(os.path.join(work, "b"), "B1")
+        (mine,) = set(_mount_fds(mnt)) - set(before)
+        assert mine == n, "B reopened the number A had"
+        go_a.set()
+        a_done.wait(TIMEOUT)
+        ta.join(TIMEOUT)  # A has ended: its record is finalized
+        assert os.readlink(f"/proc/self/fd/{n}") == mnt, "A closed B's descriptor"
+        with txfs.transaction():
+            write(os.path.join(work, "b"), "B2")
+        assert set(_mount_fds(mnt)) - set(before) == {n}, "B's transactions go on through n"
+        return n
+
+    _in_thread(thread_b)
+    if "a" in box:
+        raise box["a"]
+    assert read(os.path.join(work, "b")) == "B2"
+    assert _mount_fds(mnt) == before
+
+
+def test_exit_with_daemon_threads_in_transactions_does_not_hang(mnt: str, child_env: Dict[str, str]) -> None:
+    """Daemon threads frozen at interpreter exit (perhaps inside the
+    module's lock) must not hang the finalizers of their kept descriptors
+    (review: 30 of 60 exits hung)."""
+    script = textwrap.dedent(
+        """
+        import os, threading, txfs
+        M = os.environ["TXFS_MOUNT"]
+        def loop(i):
+            while True:
+                with txfs.transaction():
+                    pass
+        for i in range(8):
+            threading.Thread(target=loop, args=(i,), daemon=True).start()
+        with txfs.transaction():
+            pass
+        """
+    )
+    for _ in range(12):
+        done = subprocess.run([sys.executable, "-c", script], env=child_env, capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        assert done.returncode == 0, done.stderr
+
+
 def test_txfs_umount_detaches_a_mount_held_only_by_kept_descriptors(tmp_path_factory: pytest.TempPathFactory) -> None:
     """``txfs umount`` of a mount this idle process still keeps a descriptor
     of succeeds; the next begin on that path is no longer on txfs, and a new

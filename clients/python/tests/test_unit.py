@@ -317,7 +317,7 @@ def daemon(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDaemon]:
     d = FakeDaemon()
     monkeypatch.setattr(txfs, "_ioctl", d.ioctl)
     # the outermost begin opens (or reuses) a real descriptor: none here
-    monkeypatch.setattr(txfs, "_begin_outermost", lambda root, arg: (d.ioctl(root, _wire.TXFS_IOC_BEGIN, arg), -1)[1])
+    monkeypatch.setattr(txfs, "_begin_outermost", lambda root, arg: (d.ioctl(root, _wire.TXFS_IOC_BEGIN, arg), None)[1])
     monkeypatch.setattr(txfs, "find_mount", lambda path=None, **kw: "/fake/mnt")
     yield d
     assert not txfs.in_transaction()

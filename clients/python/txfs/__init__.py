@@ -29,8 +29,10 @@ import ctypes.util
 import errno
 import fcntl
 import functools
+import itertools
 import os
 import random
+import sys
 import threading
 import time
 from types import TracebackType
@@ -115,7 +117,8 @@ class _Local(threading.local):
         self.depth = 0  # begins through this module, not yet ended
         self.tid = 0  # who wrote this record (a forked child inherits it)
         self.fd = -1  # the mount root, open for the outermost transaction
-        self.kept: Optional[_Kept] = None  # kept between transactions
+        self.owner: Optional[_Held] = None  # what closes `fd` if the thread ends
+        self.kept: Optional[_Held] = None  # kept between transactions
 
 
 _local = _Local()
@@ -127,8 +130,11 @@ def _valid() -> bool:
 
 def _clear() -> None:
     # A forked child's copy names its parent's descriptor: not ours to close.
-    if _local.fd >= 0 and _local.tid == threading.get_native_id():
-        _keep(_local.fd, _local.mount or "")
+    if _local.owner is not None and _local.tid == threading.get_native_id():
+        old, _local.kept = _local.kept, _local.owner  # for the next transaction
+        if old is not None:
+            old.drop()
+    _local.owner = None
     _local.fd = -1
     _local.mount = None
     _local.depth = 0
@@ -145,16 +151,21 @@ def _clear() -> None:
 # descriptors hold. Every descriptor this module holds beyond one call is in
 # `_held` with the identity it was opened with, and is used or closed only
 # while it still names that (a program may close numbers behind our back and
-# reuse them). A thread's kept descriptor is closed when the thread ends (its
-# thread-local record is finalized), and a forked child closes its copies of
-# all of them at the fork.
+# reuse them). Each is owned by a `_Held` record in the thread's local data:
+# a thread that ends (inside a transaction or not) closes its descriptor when
+# that record is finalized, and a forked child closes its copies of all of
+# them at the fork.
 
 _AT_EMPTY_PATH = 0x1000
 _STATX_INO = 0x100
 _O_DSYNC = getattr(os, "O_DSYNC", 0o10000)
 
 _held_lock = threading.RLock()  # re-entrant: a finalizer may run inside
-_held: dict[int, tuple[int, int]] = {}  # fd -> (dev, ino) when opened
+# fd -> (dev, ino, token): its identity when opened, and which `_Held` owns it
+# (a number closed behind our back and reopened by another thread is that
+# thread's, even though it names the same root)
+_held: dict[int, tuple[int, int, int]] = {}
+_tokens = itertools.count(1)
 
 
 def _fd_identity(fd: int) -> Optional[tuple[int, int]]:
@@ -171,47 +182,82 @@ def _fd_identity(fd: int) -> Optional[tuple[int, int]]:
     return st.st_dev, st.st_ino
 
 
-def _still_ours(fd: int, ident: tuple[int, int]) -> bool:
+def _still_ours(fd: int, entry: tuple[int, int, int]) -> bool:
     try:
         marked = fcntl.fcntl(fd, fcntl.F_GETFL) & _O_DSYNC
     except OSError:
         return False
-    return bool(marked) and _fd_identity(fd) == ident
+    return bool(marked) and _fd_identity(fd) == entry[:2]
 
 
-def _open_held(mount: str) -> int:
+class _Held:
+    """A descriptor of the root of ``mount`` (device ``dev``) this module
+    opened and holds: a transaction's, then the thread's kept one.
+
+    Finalized with the thread's record when the thread ends, which closes
+    it; believed only in the process that opened it."""
+
+    __slots__ = ("fd", "mount", "dev", "token", "pid")
+
+    def __init__(self, fd: int, mount: str, dev: int) -> None:
+        self.fd, self.mount, self.dev, self.pid = fd, mount, dev, os.getpid()
+        self.token = next(_tokens)
+
+    def ours(self) -> bool:
+        """Whether the descriptor is still registered to this record and
+        names what was opened (if not, it is forgotten, never closed)."""
+        with _held_lock:
+            entry = _held.get(self.fd)
+            if entry is None or entry[2] != self.token:
+                self.fd = -1
+                return False
+            if not _still_ours(self.fd, entry):
+                del _held[self.fd]
+                self.fd = -1
+                return False
+            return True
+
+    def drop(self) -> None:
+        """Forget the descriptor; close it if it is still ours."""
+        fd, self.fd = self.fd, -1
+        if fd < 0 or self.pid != os.getpid():
+            return
+        with _held_lock:
+            entry = _held.get(fd)
+            if entry is None or entry[2] != self.token:
+                return
+            del _held[fd]
+            if _still_ours(fd, entry):
+                os.close(fd)
+
+    def __del__(self) -> None:
+        # At interpreter exit every thread's record is finalized in the main
+        # thread, while daemon threads are frozen wherever they were (perhaps
+        # holding `_held_lock`): the kernel closes descriptors at exit anyway.
+        if sys.is_finalizing():
+            return
+        try:
+            self.drop()
+        except Exception:
+            pass
+
+
+def _open_held(mount: str) -> _Held:
     """Open the root of ``mount`` (marked) and register the descriptor."""
     fd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | _O_DSYNC)
     ident = _fd_identity(fd)
     if ident is None:
         os.close(fd)
         raise OSError(errno.EIO, f"cannot stat the descriptor of {mount}", mount)
+    h = _Held(fd, mount, ident[0])
     with _held_lock:
-        _held[fd] = ident
-    return fd
-
-
-def _close_held(fd: int) -> None:
-    """Forget ``fd``; close it if it is still ours."""
-    with _held_lock:
-        ident = _held.pop(fd, None)
-        if ident is not None and _still_ours(fd, ident):
-            os.close(fd)
-
-
-def _check_held(fd: int) -> bool:
-    """Whether registered ``fd`` is still ours (if not, it is forgotten, not closed)."""
-    with _held_lock:
-        ident = _held.get(fd)
-        ours = ident is not None and _still_ours(fd, ident)
-        if ident is not None and not ours:
-            del _held[fd]
-        return ours
+        _held[fd] = (ident[0], ident[1], h.token)
+    return h
 
 
 def _after_fork_child() -> None:
-    for fd, ident in list(_held.items()):
-        if _still_ours(fd, ident):
+    for fd, entry in list(_held.items()):
+        if _still_ours(fd, entry):
             try:
                 os.close(fd)
             except OSError:
@@ -225,52 +271,16 @@ os.register_at_fork(
 )
 
 
-class _Kept:
-    """A thread's kept descriptor of the root of ``mount`` (device ``dev``).
-
-    Finalized with the thread's record when the thread ends, which closes it;
-    believed only in the process that opened it."""
-
-    __slots__ = ("fd", "mount", "dev", "pid")
-
-    def __init__(self, fd: int, mount: str, dev: int) -> None:
-        self.fd, self.mount, self.dev, self.pid = fd, mount, dev, os.getpid()
-
-    def drop(self) -> None:
-        fd, self.fd = self.fd, -1
-        if fd >= 0 and self.pid == os.getpid():
-            _close_held(fd)
-
-    def __del__(self) -> None:
-        try:
-            self.drop()
-        except Exception:  # interpreter shutdown: nothing left to do it with
-            pass
-
-
-def _keep(fd: int, mount: str) -> None:
-    """Keep ``fd`` (the root of ``mount``) for the thread's next transaction."""
-    old, _local.kept = _local.kept, None
-    if old is not None:
-        old.drop()
-    ident = _fd_identity(fd)
-    if ident is None or not mount:
-        _close_held(fd)
-        return
-    _local.kept = _Kept(fd, mount, ident[0])
-
-
-def _take_kept(mount: str) -> int:
+def _take_kept(mount: str) -> Optional[_Held]:
     """The thread's kept descriptor if it is of ``mount`` and that is still
-    the same mount (its cached device); else -1 (a stale one is closed)."""
+    the same mount (its cached device); else None (a stale one is closed)."""
     k, _local.kept = _local.kept, None
     if k is None or k.fd < 0 or k.pid != os.getpid():
-        return -1
+        return None
     if k.mount != mount or _cached_dev(mount) != k.dev:
         k.drop()
-        return -1
-    fd, k.fd = k.fd, -1
-    return fd if _check_held(fd) else -1
+        return None
+    return k if k.ours() else None
 
 
 # ---- mount resolution, remembered per thread ---------------------------------
@@ -391,25 +401,25 @@ def _ioctl(mount: str, request: int, arg: bytes) -> bytes:
 _GONE = (errno.ENOTCONN, errno.ECONNABORTED, errno.ENODEV, errno.ECANCELED)
 
 
-def _begin_outermost(root: str, arg: bytes) -> int:
+def _begin_outermost(root: str, arg: bytes) -> Optional[_Held]:
     """Begin on the thread's kept descriptor of ``root`` or a fresh one;
-    returns the descriptor, which then serves the transaction."""
-    fd = _take_kept(root)
-    if fd >= 0:
+    returns the descriptor's record, which then serves the transaction."""
+    h = _take_kept(root)
+    if h is not None:
         try:
-            _fd_ioctl(fd, root, _wire.TXFS_IOC_BEGIN, arg)
-            return fd
+            _fd_ioctl(h.fd, root, _wire.TXFS_IOC_BEGIN, arg)
+            return h
         except OSError as e:
-            _close_held(fd)
+            h.drop()
             if e.errno not in _GONE:
                 raise
-    fd = _open_held(root)
+    h = _open_held(root)
     try:
-        _fd_ioctl(fd, root, _wire.TXFS_IOC_BEGIN, arg)
+        _fd_ioctl(h.fd, root, _wire.TXFS_IOC_BEGIN, arg)
     except BaseException:
-        _close_held(fd)
+        h.drop()
         raise
-    return fd
+    return h
 
 
 def _flags(flags: int) -> bytes:
@@ -449,7 +459,9 @@ def begin(mount: Optional[PathArg] = None, flags: int = 0) -> None:
         _ioctl(_local.mount, _wire.TXFS_IOC_BEGIN, _flags(flags))
         _local.depth += 1
         return
-    _local.fd = _begin_outermost(root, _flags(flags))
+    owner = _begin_outermost(root, _flags(flags))
+    _local.owner = owner
+    _local.fd = owner.fd if owner is not None else -1
     _local.mount = root
     _local.tid = threading.get_native_id()
     _local.depth = 1
