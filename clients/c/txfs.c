@@ -52,6 +52,7 @@ static __thread struct {
     pid_t tid;
     unsigned depth; /* begins issued through this library, not yet ended */
     int fd_plus1;   /* the mount root, open while depth > 0; 0: none */
+    unsigned long long token; /* its registration (held_add) */
     char mount[PATH_MAX];
 } tls;
 
@@ -68,15 +69,20 @@ static int tls_valid(void) { return tls.depth > 0 && tls.tid == current_tid(); }
  * would keep the mount busy for the child's whole life). And a descriptor
  * is used or closed only while it still is ours: a program may have closed
  * it behind our back (closefrom() when daemonizing) and reused the number
- * for a file of its own. */
+ * for a file of its own. Each registration has a token, kept by whoever
+ * holds the descriptor: a number closed behind our back and reopened by
+ * another thread for the same root (same identity) is that thread's, and
+ * the first holder's token no longer finds it. */
 struct held_fd {
     int fd;
     dev_t dev;
     ino_t ino;
+    unsigned long long token;
 };
 static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct held_fd *held;
 static size_t held_n, held_cap;
+static unsigned long long held_tokens;
 
 /* Device and inode of what `fd` names, as the kernel has them cached. */
 static int fd_identity(int fd, dev_t *dev, ino_t *ino)
@@ -98,13 +104,22 @@ static int still_ours(const struct held_fd *h)
     return fl >= 0 && (fl & O_DSYNC) && fd_identity(h->fd, &dev, &ino) == 0 && dev == h->dev && ino == h->ino;
 }
 
-/* Register `fd` (just opened by this library); -1 if it cannot be. */
-static int held_add(int fd)
+/* Register `fd` (just opened by this library) and set `*token`; -1 if it
+ * cannot be. Older registrations of the same number are forgotten: the
+ * kernel just handed it out, so whatever they named was closed. */
+static int held_add(int fd, unsigned long long *token)
 {
     struct held_fd h = {.fd = fd};
     if (fd_identity(fd, &h.dev, &h.ino) != 0)
         return -1;
     pthread_mutex_lock(&held_lock);
+    for (size_t i = 0; i < held_n;)
+        if (held[i].fd == fd)
+            held[i] = held[--held_n];
+        else
+            i++;
+    h.token = ++held_tokens;
+    *token = h.token;
     if (held_n == held_cap) {
         size_t cap = held_cap ? held_cap * 2 : 16;
         struct held_fd *n = realloc(held, cap * sizeof *n);
@@ -120,12 +135,13 @@ static int held_add(int fd)
     return ok ? 0 : -1;
 }
 
-/* Take `fd` out of the registry; close it if it still is ours. */
-static void held_close(int fd)
+/* Take `fd` (registration `token`) out of the registry; close it if it
+ * still is ours. */
+static void held_close(int fd, unsigned long long token)
 {
     pthread_mutex_lock(&held_lock);
     for (size_t i = 0; i < held_n; i++)
-        if (held[i].fd == fd) {
+        if (held[i].fd == fd && held[i].token == token) {
             if (still_ours(&held[i]))
                 close(fd);
             held[i] = held[--held_n];
@@ -134,14 +150,14 @@ static void held_close(int fd)
     pthread_mutex_unlock(&held_lock);
 }
 
-/* Whether registered `fd` still is ours; if not, it is forgotten (never
- * closed: the number is someone else's now). */
-static int held_check(int fd)
+/* Whether `fd` (registration `token`) still is ours; if not, it is
+ * forgotten (never closed: the number is someone else's now). */
+static int held_check(int fd, unsigned long long token)
 {
     int ours = 0;
     pthread_mutex_lock(&held_lock);
     for (size_t i = 0; i < held_n; i++)
-        if (held[i].fd == fd) {
+        if (held[i].fd == fd && held[i].token == token) {
             ours = still_ours(&held[i]);
             if (!ours)
                 held[i] = held[--held_n];
@@ -168,6 +184,7 @@ static void fork_child(void)
 static __thread struct {
     pid_t tid;
     int fd_plus1;
+    unsigned long long token;
     dev_t dev;
     char mount[PATH_MAX];
 } kept;
@@ -179,7 +196,7 @@ static int exit_key_ok;
 static void kept_drop(void)
 {
     if (kept.fd_plus1 > 0 && kept.tid == current_tid())
-        held_close(kept.fd_plus1 - 1);
+        held_close(kept.fd_plus1 - 1, kept.token);
     kept.fd_plus1 = 0;
     kept.tid = 0;
 }
@@ -191,7 +208,7 @@ static void on_thread_exit(void *unused)
     (void)unused;
     kept_drop();
     if (tls.fd_plus1 > 0 && tls.tid == current_tid())
-        held_close(tls.fd_plus1 - 1);
+        held_close(tls.fd_plus1 - 1, tls.token);
     tls.fd_plus1 = 0;
 }
 
@@ -213,26 +230,27 @@ static void arm_thread_exit(void)
 
 /* Keep `fd` (a descriptor of the root of `mount`) for the thread's next
  * transaction, replacing what it kept before. */
-static void kept_set(int fd, const char *mount)
+static void kept_set(int fd, unsigned long long token, const char *mount)
 {
     dev_t dev;
     ino_t ino;
     kept_drop();
     if (strlen(mount) >= sizeof kept.mount || fd_identity(fd, &dev, &ino) != 0) {
-        held_close(fd);
+        held_close(fd, token);
         return;
     }
     strcpy(kept.mount, mount);
     kept.dev = dev;
     kept.tid = current_tid();
     kept.fd_plus1 = fd + 1;
+    kept.token = token;
 }
 
 static void tls_clear(void)
 {
     /* A forked child's copy names its parent's descriptor: not ours. */
     if (tls.fd_plus1 > 0 && tls.tid == current_tid())
-        kept_set(tls.fd_plus1 - 1, tls.mount);
+        kept_set(tls.fd_plus1 - 1, tls.token, tls.mount);
     tls.fd_plus1 = 0;
     tls.depth = 0;
     tls.tid = 0;
@@ -527,7 +545,7 @@ static int current_mount(char *out, size_t outlen)
 /* The thread's kept descriptor if it is of `mount` and `mount` is still
  * the same mount (its root's device, as the kernel has it cached), taken
  * out of `kept`; else -1 (and a stale one is closed). */
-static int kept_take(const char *mount)
+static int kept_take(const char *mount, unsigned long long *token)
 {
     if (kept.fd_plus1 <= 0 || kept.tid != current_tid())
         return -1;
@@ -537,9 +555,10 @@ static int kept_take(const char *mount)
         return -1;
     }
     int fd = kept.fd_plus1 - 1;
+    *token = kept.token;
     kept.fd_plus1 = 0;
     kept.tid = 0;
-    return held_check(fd) ? fd : -1;
+    return held_check(fd, *token) ? fd : -1;
 }
 
 /* ---- the API ------------------------------------------------------------ */
@@ -565,10 +584,11 @@ TXFS_API int txfs_begin(const char *path_in_mount, unsigned flags)
         return 0;
     }
     /* The outermost begin: its descriptor serves the whole transaction. */
-    int fd = kept_take(mount);
+    unsigned long long token = 0;
+    int fd = kept_take(mount, &token);
     if (fd >= 0 && fd_ioctl(fd, TXFS_IOC_BEGIN, &arg) != 0) {
         int e = errno;
-        held_close(fd);
+        held_close(fd, token);
         fd = -1;
         errno = e;
         /* The kept descriptor's mount went away (unmounted, its daemon
@@ -582,7 +602,7 @@ TXFS_API int txfs_begin(const char *path_in_mount, unsigned flags)
     fd = open_mount(mount, O_DSYNC);
     if (fd < 0)
         return -1;
-    if (held_add(fd) != 0) {
+    if (held_add(fd, &token) != 0) {
         int e = errno ? errno : ENOMEM;
         close(fd);
         errno = e;
@@ -590,7 +610,7 @@ TXFS_API int txfs_begin(const char *path_in_mount, unsigned flags)
     }
     if (fd_ioctl(fd, TXFS_IOC_BEGIN, &arg) != 0) {
         int e = errno;
-        held_close(fd);
+        held_close(fd, token);
         errno = e;
         return -1;
     }
@@ -598,6 +618,7 @@ begun:
     strcpy(tls.mount, mount);
     tls.tid = current_tid();
     tls.fd_plus1 = fd + 1;
+    tls.token = token;
     tls.depth = 1;
     return 0;
 }

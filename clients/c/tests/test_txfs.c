@@ -958,6 +958,22 @@ static void *begin_and_exit_thread(void *p)
     return fs_tx_begin() == 0 ? NULL : (void *)1;
 }
 
+/* fresh-reopen's thread A: commits (keeping a descriptor), reports its
+ * number, then waits on the pipe and exits. */
+static int reopen_up[2], reopen_down[2]; /* A -> main, main -> A */
+static void *reopen_thread_a(void *p)
+{
+    int *kept_fd = p, marked;
+    if (fs_tx_begin() != 0 || fs_tx_commit() != 0)
+        return (void *)1;
+    root_fds(&marked);
+    *kept_fd = marked == 1 ? marked_fd : -1;
+    char c;
+    if (write(reopen_up[1], "k", 1) != 1 || read(reopen_down[0], &c, 1) != 1)
+        return (void *)2;
+    return NULL;
+}
+
 /* Scenarios that need a process whose library has done nothing yet (run as
  * `test_txfs fresh-NAME`): the exit code is 0 or a failure number. */
 static int fresh(const char *what)
@@ -990,6 +1006,36 @@ static int fresh(const char *what)
         root_fds(&marked);
         return marked == 0 ? 0 : 22;
     }
+    if (strcmp(what, "fresh-reopen") == 0) {
+        /* Thread A's kept number is closed behind its back and another
+         * thread's begin reopens it for the same root: A's exit must not
+         * close it (found in review: same identity, so A took it for its
+         * own). */
+        int n = -1;
+        char c;
+        pthread_t a;
+        void *r;
+        if (pipe(reopen_up) != 0 || pipe(reopen_down) != 0 || pthread_create(&a, NULL, reopen_thread_a, &n) != 0)
+            return 40;
+        if (read(reopen_up[0], &c, 1) != 1 || n < 0)
+            return 41;
+        close(n);
+        /* this thread is B */
+        if (fs_tx_begin() != 0 || fs_tx_commit() != 0)
+            return 43;
+        root_fds(&marked);
+        if (marked != 1 || marked_fd != n)
+            return 44; /* B's descriptor is not n: the scenario did not happen */
+        if (write(reopen_down[1], "x", 1) != 1)
+            return 45;
+        pthread_join(a, &r);
+        if (r != NULL)
+            return 46;
+        root_fds(&marked);
+        if (marked != 1 || marked_fd != n)
+            return 47;
+        return fs_tx_begin() == 0 && fs_tx_commit() == 0 ? 0 : 48;
+    }
     if (strcmp(what, "fresh-hold") == 0) {
         /* run.sh: commit, say "ready"; then for each line on stdin (the
          * mount unmounted meanwhile, or another mounted) try again and
@@ -1021,8 +1067,8 @@ static int fresh(const char *what)
  * first commit, so the first transaction's descriptor leaked). */
 static int t_first_transaction_of_a_process(void)
 {
-    const char *cases[] = {"fresh-fork", "fresh-thread-exit"};
-    for (int i = 0; i < 2; i++) {
+    const char *cases[] = {"fresh-fork", "fresh-thread-exit", "fresh-reopen"};
+    for (int i = 0; i < 3; i++) {
         pid_t pid = fork();
         CHECK(pid >= 0, "fork");
         if (pid == 0) {
@@ -1032,8 +1078,10 @@ static int t_first_transaction_of_a_process(void)
         int status;
         waitpid(pid, &status, 0);
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : 97;
-        CHECK(code == 0, "%s: exit %d (11: the child inherited the descriptor; 22: the thread's stayed open)", cases[i],
-              code);
+        CHECK(code == 0,
+              "%s: exit %d (11: the child inherited the descriptor; 22: the thread's stayed open; 47: a thread's "
+              "exit closed another's descriptor)",
+              cases[i], code);
     }
     return PASS;
 }
