@@ -52,15 +52,23 @@ enum Probe {
     Alive(u64),
     /// No such process or thread.
     Gone,
-    /// Could not tell (/proc hidden or unreadable, out of descriptors, a
-    /// line that does not parse): nothing may be concluded.
+    /// Could not tell (/proc unreadable, the process hidden from us by
+    /// `hidepid`, out of descriptors, a line that does not parse): nothing
+    /// may be concluded.
     Unknown,
 }
 
 fn probe(pid: u32) -> Probe {
     let s = match read_proc(&format!("/proc/{pid}/stat")) {
         Ok(s) => s,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => return Probe::Gone,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
+            // `hidepid` hides other users' processes as ENOENT too; a signal
+            // check is not subject to it (EPERM: there, but not ours).
+            // SAFETY: signal 0 sends nothing.
+            let there = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
+                || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+            return if there { Probe::Unknown } else { Probe::Gone };
+        }
         Err(_) => return Probe::Unknown,
     };
     // The command name may contain spaces and parentheses: split after the last ')'.
@@ -291,7 +299,7 @@ impl TxMap {
             t.depth += 1;
             return;
         }
-        let start = Start::Known(start_time(tid));
+        let start = Start::Pending(boot_tick());
         self.inner.lock().threads.insert(tid, ThreadTx { tx, depth: 1, owned: false, start });
     }
 
