@@ -935,9 +935,13 @@ impl TxFs {
                             // `txfs run` inside `txfs run`: the view is already one transaction.
                             return Err(Errno::from_i32(libc::EBUSY));
                         }
+                        let Some(starts) = txmap::tree_starts(pid, caller) else {
+                            tracing::warn!(pid, caller, "cannot read the start times of a process tree in /proc");
+                            return Err(Errno::from_i32(libc::EAGAIN));
+                        };
                         let tx = self.gate.close_then(self.notifier.get(), || {
                             let tx = self.engine.begin();
-                            self.txs.add_tree(pid, caller, tx);
+                            self.txs.add_tree(pid, caller, tx, starts);
                             tx
                         });
                         // TXFS_NO_VIEWS=1: serve none (as daemons before views did).

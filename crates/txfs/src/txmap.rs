@@ -88,6 +88,17 @@ pub fn start_time(pid: u32) -> Option<u64> {
     }
 }
 
+/// Start times of a tree's root and owner, for [`TxMap::add_tree`]; `None`
+/// if either cannot be read. A tree registered without them would match
+/// none of its members (their requests silently outside the transaction)
+/// or be taken for a dead owner's and aborted.
+pub fn tree_starts(root: u32, owner: u32) -> Option<(u64, u64)> {
+    match (probe(root), probe(owner)) {
+        (Probe::Alive(r), Probe::Alive(o)) => Some((r, o)),
+        _ => None,
+    }
+}
+
 /// Whether `pid`, recorded with start time `start`, is certainly not that
 /// process or thread any more (gone, or its id reused). Unknown: no.
 fn certainly_gone(pid: u32, start: Option<u64>) -> bool {
@@ -321,9 +332,11 @@ impl TxMap {
         self.inner.lock().threads.remove(&tid).map(|t| (t.tx, t.owned))
     }
 
-    pub fn add_tree(&self, root: u32, owner: u32, tx: TxId) {
+    /// Registers `root`'s process tree as transaction `tx`, ended by
+    /// `owner`; `starts` from [`tree_starts`], read before (not under the lock).
+    pub fn add_tree(&self, root: u32, owner: u32, tx: TxId, starts: (u64, u64)) {
         let mut g = self.inner.lock();
-        g.trees.insert(root, TreeTx { tx, root_start: start_time(root), owner, owner_start: start_time(owner) });
+        g.trees.insert(root, TreeTx { tx, root_start: Some(starts.0), owner, owner_start: Some(starts.1) });
         g.cache.clear();
         g.trees_gen += 1;
     }
@@ -461,7 +474,7 @@ mod tests {
         let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
         let me = std::process::id();
         assert_eq!(map.of(child.id()), None);
-        map.add_tree(me, me, TxId(7));
+        map.add_tree(me, me, TxId(7), tree_starts(me, me).unwrap());
         assert_eq!(map.of(child.id()), Some(TxId(7)), "a child of the root is in the tree");
         map.remove_tree(me);
         assert_eq!(map.of(child.id()), None);
@@ -479,7 +492,7 @@ mod tests {
         let me = std::process::id();
         let mut stale = 0;
         for i in 0..2000u64 {
-            map.add_tree(me, me, TxId(i + 1));
+            map.add_tree(me, me, TxId(i + 1), tree_starts(me, me).unwrap());
             let b = std::sync::Arc::new(std::sync::Barrier::new(2));
             let (m2, b2) = (map.clone(), b.clone());
             let t = std::thread::spawn(move || {
