@@ -203,12 +203,17 @@ class _Held:
         self.fd, self.mount, self.dev, self.pid = fd, mount, dev, os.getpid()
         self.token = next(_tokens)
 
+    def _entry(self, fd: int) -> Optional[tuple[int, int, int]]:
+        """The registry entry of ``fd`` if this record owns it (lock held)."""
+        entry = _held.get(fd)
+        return entry if entry is not None and entry[2] == self.token else None
+
     def ours(self) -> bool:
         """Whether the descriptor is still registered to this record and
         names what was opened (if not, it is forgotten, never closed)."""
         with _held_lock:
-            entry = _held.get(self.fd)
-            if entry is None or entry[2] != self.token:
+            entry = self._entry(self.fd)
+            if entry is None:
                 self.fd = -1
                 return False
             if not _still_ours(self.fd, entry):
@@ -223,8 +228,8 @@ class _Held:
         if fd < 0 or self.pid != os.getpid():
             return
         with _held_lock:
-            entry = _held.get(fd)
-            if entry is None or entry[2] != self.token:
+            entry = self._entry(fd)
+            if entry is None:
                 return
             del _held[fd]
             if _still_ours(fd, entry):

@@ -416,11 +416,12 @@ impl JournalWriter {
             )));
         }
         h[40..44].copy_from_slice(&sink.crc.to_le_bytes());
-        if sink.at == start {
+        let one_write = sink.at == start; // nothing flushed yet: the header goes with the rest
+        if one_write {
             sink.buf[..REC_HEADER_LEN as usize].copy_from_slice(&h);
-            sink.finish()?;
-        } else {
-            sink.finish()?;
+        }
+        sink.finish()?;
+        if !one_write {
             self.file.write_at(start, &h).ctx("journal write", what)?;
         }
         let end = data_start + data_len;

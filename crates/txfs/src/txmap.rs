@@ -101,10 +101,10 @@ pub fn tree_starts(root: u32, owner: u32) -> Option<(u64, u64)> {
 
 /// Whether `pid`, recorded with start time `start`, is certainly not that
 /// process or thread any more (gone, or its id reused). Unknown: no.
-fn certainly_gone(pid: u32, start: Option<u64>) -> bool {
+fn certainly_gone(pid: u32, start: u64) -> bool {
     match probe(pid) {
-        Probe::Alive(t) => start != Some(t),
-        Probe::Gone => start.is_some(),
+        Probe::Alive(t) => t != start,
+        Probe::Gone => true,
         Probe::Unknown => false,
     }
 }
@@ -137,8 +137,8 @@ pub struct ThreadTx {
 /// reused): its start time, clock ticks since boot (/proc/TID/stat).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Start {
-    /// Read from /proc (`None`: the thread was already gone).
-    Known(Option<u64>),
+    /// Read from /proc by the reaper.
+    Known(u64),
     /// Not read yet; the boot-time tick of the begin. A begin does not read
     /// /proc on its reply path: the ~8 µs it took moved the client to the
     /// other CPU, whose wake-up its next request then paid (bench/NOTES.md
@@ -163,10 +163,10 @@ fn boot_tick() -> u64 {
 #[derive(Clone, Debug)]
 pub struct TreeTx {
     pub tx: TxId,
-    pub root_start: Option<u64>,
+    pub root_start: u64,
     /// The `txfs run` process that registered the tree and ends it.
     pub owner: u32,
-    pub owner_start: Option<u64>,
+    pub owner_start: u64,
 }
 
 #[derive(Default)]
@@ -336,7 +336,7 @@ impl TxMap {
     /// `owner`; `starts` from [`tree_starts`], read before (not under the lock).
     pub fn add_tree(&self, root: u32, owner: u32, tx: TxId, starts: (u64, u64)) {
         let mut g = self.inner.lock();
-        g.trees.insert(root, TreeTx { tx, root_start: Some(starts.0), owner, owner_start: Some(starts.1) });
+        g.trees.insert(root, TreeTx { tx, root_start: starts.0, owner, owner_start: starts.1 });
         g.cache.clear();
         g.trees_gen += 1;
     }
@@ -361,8 +361,7 @@ impl TxMap {
         let (threads, owners) = {
             let g = self.inner.lock();
             let threads: Vec<(u32, TxId, Start)> = g.threads.iter().map(|(tid, t)| (*tid, t.tx, t.start)).collect();
-            let owners: Vec<(u32, u32, Option<u64>)> =
-                g.trees.iter().map(|(r, t)| (*r, t.owner, t.owner_start)).collect();
+            let owners: Vec<(u32, u32, u64)> = g.trees.iter().map(|(r, t)| (*r, t.owner, t.owner_start)).collect();
             (threads, owners)
         };
         let mut gone_threads = Vec::new();
@@ -388,7 +387,7 @@ impl TxMap {
         let mut dead = Vec::new();
         for (tid, tx, start, s) in learned {
             if let Some(t) = g.threads.get_mut(&tid).filter(|t| t.tx == tx && t.start == start) {
-                t.start = Start::Known(Some(s));
+                t.start = Start::Known(s);
             }
         }
         for (tid, tx, start) in gone_threads {
@@ -418,7 +417,7 @@ fn tree_of(trees: &HashMap<u32, TreeTx>, tid: u32) -> Option<TxId> {
     let (mut pid, mut ppid) = tgid_ppid(tid)?;
     for _ in 0..256 {
         if let Some(t) = trees.get(&pid) {
-            if start_time(pid) == t.root_start {
+            if start_time(pid) == Some(t.root_start) {
                 return Some(t.tx);
             }
         }
@@ -532,7 +531,7 @@ mod tests {
         let tx = map.begin(me, || TxId(1));
         assert!(matches!(map.inner.lock().threads[&me].start, Start::Pending(_)), "no /proc read at the begin");
         assert_eq!(map.reap(), Vec::<TxId>::new(), "a live thread is not reaped");
-        assert_eq!(map.inner.lock().threads[&me].start, Start::Known(start_time(me)));
+        assert_eq!(map.inner.lock().threads[&me].start, Start::Known(start_time(me).unwrap()));
         assert_eq!(map.reap(), Vec::<TxId>::new());
         assert_eq!(map.thread(me).map(|t| t.0), Some(tx));
 
@@ -577,7 +576,7 @@ mod tests {
         assert_eq!(map.reap(), Vec::<TxId>::new(), "alive, if oddly named");
         assert_eq!(map.reap(), Vec::<TxId>::new());
         assert!(map.thread(tid).is_some());
-        assert!(matches!(map.inner.lock().threads[&tid].start, Start::Known(Some(_))));
+        assert!(matches!(map.inner.lock().threads[&tid].start, Start::Known(_)));
         go_tx.send(()).unwrap();
         t.join().unwrap();
         assert_eq!(map.reap(), vec![TxId(5)]);
