@@ -21,6 +21,7 @@
 //! payload (and the reply is staged and copied once the request is done
 //! with, so no reply ever overwrites bytes a handler may still read).
 
+use crate::read_buf::MapBuf;
 use std::io;
 use std::io::IoSlice;
 use std::os::fd::AsRawFd;
@@ -111,6 +112,7 @@ fn words(bytes: usize) -> Vec<u64> {
     vec![0u64; bytes.div_ceil(8)]
 }
 
+
 struct ReplyState {
     /// The reply has been written (or staged).
     done: bool,
@@ -125,7 +127,7 @@ struct ReplyState {
 /// One ring entry's buffers and the reply slot handed to fuser's replies.
 pub(crate) struct RingReply {
     header: std::cell::UnsafeCell<Vec<u64>>,
-    data: std::cell::UnsafeCell<Vec<u64>>,
+    data: MapBuf,
     payload_cap: usize,
     state: Mutex<ReplyState>,
     /// The ring thread's eventfd, for replies sent after it moved on.
@@ -146,10 +148,10 @@ impl std::fmt::Debug for RingReply {
 }
 
 impl RingReply {
-    fn new(payload_cap: usize, dev: Arc<DevFuse>, wake: Arc<OwnedFd>) -> Self {
-        Self {
+    fn new(payload_cap: usize, dev: Arc<DevFuse>, wake: Arc<OwnedFd>) -> io::Result<Self> {
+        Ok(Self {
             header: std::cell::UnsafeCell::new(words(HEADER_SIZE)),
-            data: std::cell::UnsafeCell::new(words(HEADROOM + payload_cap)),
+            data: MapBuf::new(HEADROOM + payload_cap)?,
             payload_cap,
             state: Mutex::new(ReplyState {
                 done: false,
@@ -159,7 +161,7 @@ impl RingReply {
             }),
             wake,
             dev,
-        }
+        })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, ReplyState> {
@@ -173,7 +175,7 @@ impl RingReply {
 
     fn payload_ptr(&self) -> *mut u8 {
         // SAFETY: as above; HEADROOM is within the allocation.
-        unsafe { (*self.data.get()).as_mut_ptr().cast::<u8>().add(HEADROOM) }
+        unsafe { self.data.ptr.add(HEADROOM) }
     }
 
     /// Writes a complete reply (out header first) into the ring buffers.
@@ -353,12 +355,23 @@ pub(crate) fn start<FS: Filesystem + 'static>(
         threads.push(std::thread::Builder::new().name(name).spawn(move || {
             let res = ring.run(&se);
             ring.queue.stop();
-            // Closing the io_uring cancels its entries, but the kernel may
-            // finish that after close returns: their buffers are leaked
-            // rather than freed under it (the thread ends with the mount).
-            let RingThread { ring: uring, slots, .. } = ring;
+            // The buffers may be freed only once the kernel holds none of
+            // them: every command completed. Closing the io_uring would
+            // cancel them too, but may finish that after close returns, so
+            // if the drain times out they are leaked rather than freed under
+            // it. A session that serves one `txfs run` ends many times in a
+            // daemon's life: leaking there costs descriptors and memory.
+            let drained = ring.drain();
+            let RingThread { ring: uring, slots, wake_buf, .. } = ring;
             drop(uring);
-            std::mem::forget(slots);
+            if drained {
+                drop(slots);
+                drop(wake_buf);
+            } else {
+                warn!("FUSE io_uring queue: commands still held by the kernel at exit; their buffers are leaked");
+                std::mem::forget(slots);
+                std::mem::forget(wake_buf);
+            }
             res
         })?);
     }
@@ -488,6 +501,8 @@ pub(crate) struct RingThread {
     slots: Vec<Slot>,
     /// Entries the kernel holds (registered or committed, not yet filled).
     armed: usize,
+    /// The eventfd read is queued (its buffer is `wake_buf`).
+    wake_armed: bool,
     /// Small requests are rebuilt here, 8-byte aligned like fuser's buffers.
     copy: Vec<u64>,
     big: Vec<u64>,
@@ -514,6 +529,7 @@ impl RingThread {
             wake_buf: Box::new(0),
             slots: Vec::new(),
             armed: 0,
+            wake_armed: false,
             copy: words(IN_HEADER + OP_IN + COPY_LIMIT),
             big: Vec::new(),
         })
@@ -538,11 +554,46 @@ impl RingThread {
         let sqe = opcode::Read::new(types::Fd(self.wake.as_raw_fd()), (&raw mut *self.wake_buf).cast(), 8)
             .build()
             .user_data(WAKE);
-        self.push(&sqe.into())
+        self.push(&sqe.into())?;
+        self.wake_armed = true;
+        Ok(())
+    }
+
+    /// After `run`: reaps the completion of every command still queued (the
+    /// connection is gone, so the kernel ends each entry's command; the
+    /// eventfd read ends on a write of our own). Returns whether all came
+    /// back within a second, after which no buffer is the kernel's.
+    fn drain(&mut self) -> bool {
+        if self.wake_armed {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writing 8 bytes to our own eventfd.
+            unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while self.armed > 0 || self.wake_armed {
+            let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else {
+                return false;
+            };
+            let ts = types::Timespec::from(left.min(std::time::Duration::from_millis(100)));
+            let args = types::SubmitArgs::new().timespec(&ts);
+            match self.ring.submitter().submit_with_args(1, &args) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::ETIME | libc::EBUSY)) => {}
+                Err(_) => return false,
+            }
+            for c in self.ring.completion() {
+                if c.user_data() == WAKE {
+                    self.wake_armed = false;
+                } else {
+                    self.armed = self.armed.saturating_sub(1);
+                }
+            }
+        }
+        true
     }
 
     fn register_slot(&mut self) -> io::Result<()> {
-        let reply = Arc::new(RingReply::new(self.payload_cap, self.dev.clone(), self.wake.clone()));
+        let reply = Arc::new(RingReply::new(self.payload_cap, self.dev.clone(), self.wake.clone())?);
         let iov = Box::new([
             libc::iovec {
                 iov_base: reply.header_ptr().cast(),
@@ -598,6 +649,7 @@ impl RingThread {
             let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
             for (user_data, res) in done {
                 if user_data == WAKE {
+                    self.wake_armed = false;
                     if res < 0 && res != -libc::EINTR && res != -libc::EAGAIN {
                         return Err(io::Error::from_raw_os_error(-res));
                     }
@@ -638,7 +690,13 @@ impl RingThread {
                              this mount cannot serve requests, ending it (TXFS_URING_THREADS=0 uses /dev/fuse)",
                             self.qid
                         );
-                        std::process::exit(1);
+                        if self.queue.mountpoint.is_some() {
+                            std::process::exit(1);
+                        }
+                        // A session on a descriptor it was given (a `txfs
+                        // run` view): the error ends it; closing the
+                        // descriptor aborts the connection.
+                        return Err(err);
                     } else if !self.slots[i].fetched && res != -libc::ENOTCONN {
                         warn!("FUSE io_uring queue {}: registering another entry: {err}", self.qid);
                     } else {
@@ -710,7 +768,7 @@ impl RingThread {
                     // SAFETY: the headroom is ours; replies are staged (not
                     // written into the ring buffers) while this slice lives.
                     unsafe {
-                        let base = (*reply.data.get()).as_mut_ptr().cast::<u8>();
+                        let base = reply.data.ptr;
                         std::ptr::copy_nonoverlapping(header.as_ptr(), base.add(start), IN_HEADER);
                         std::ptr::copy_nonoverlapping(header[OP_IN..].as_ptr(), base.add(start + IN_HEADER), op_len);
                         std::slice::from_raw_parts(base.add(start), in_len)
