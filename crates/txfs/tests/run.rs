@@ -469,3 +469,47 @@ fn sigterm_to_txfs_run_stops_the_command_and_aborts() {
     assert!(wait_until(Duration::from_secs(10), || m.live_txs() == 0), "the transaction ended");
     assert_errno(std::fs::metadata(m.path("f")), libc::ENOENT, "aborted: nothing of the command survived");
 }
+
+/// A daemon serves one view per `txfs run` for as long as it lives: each
+/// must give back what it took. Before: every view left its ring threads'
+/// eventfds and /dev/fuse clones open (5 descriptors per run) and its
+/// 16 MiB request buffers resident with the allocator (a daemon kept
+/// 100–170 MiB after 10–30 runs). Views use FUSE over io_uring when the
+/// kernel offers it, as the shared mount does.
+#[test]
+fn many_views_give_back_descriptors_threads_and_memory() {
+    let m = Mount::new();
+    let pid = m.daemon_pid().expect("daemon");
+    let count = |what: &str| std::fs::read_dir(format!("/proc/{pid}/{what}")).unwrap().count();
+    let rss_kib = || -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    // Each run writes 4 MiB in 1 MiB writes through its view (the request
+    // buffers are touched) and reads it back.
+    let script = "dd if=/dev/zero of=f bs=1M count=4 status=none && cat f > /dev/null";
+    let run = || check_ok(&m.run_cmd(&[], &["sh", "-c", script]).output().unwrap(), "txfs run");
+    run();
+    let settle = |fds: usize, threads: usize| {
+        wait_until(Duration::from_secs(10), || count("fd") <= fds && count("task") <= threads)
+    };
+    settle(usize::MAX, usize::MAX);
+    std::thread::sleep(Duration::from_millis(300));
+    let (fds, threads, rss) = (count("fd"), count("task"), rss_kib());
+    for _ in 0..20 {
+        run();
+    }
+    let settled = settle(fds + 2, threads);
+    let (fds2, threads2, rss2) = (count("fd"), count("task"), rss_kib());
+    assert!(settled, "after 20 views: descriptors {fds} → {fds2}, threads {threads} → {threads2}");
+    assert!(rss2 < rss + 32 * 1024, "after 20 views the daemon's RSS grew {rss} → {rss2} KiB");
+    assert!(m.log_text().contains("serving a transaction view"), "ran in views");
+    let uring = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y");
+    assert_eq!(
+        m.log_text().contains("serving a transaction view over io_uring"),
+        uring,
+        "views use io_uring exactly when the kernel offers it"
+    );
+    assert_eq!(m.live_txs(), 0);
+}
