@@ -579,6 +579,14 @@ mod tests {
         assert!(matches!(map.inner.lock().threads[&tid].start, Start::Known(_)));
         go_tx.send(()).unwrap();
         t.join().unwrap();
-        assert_eq!(map.reap(), vec![TxId(5)]);
+        // The join returns when the thread cleared its id, a moment before
+        // the kernel removes /proc/TID: the next rounds find it gone.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut reaped = map.reap();
+        while reaped.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            reaped = map.reap();
+        }
+        assert_eq!(reaped, vec![TxId(5)]);
     }
 }
