@@ -279,6 +279,23 @@ fn open_engine(backing: &Path, opts: Options) -> Result<Engine, String> {
     Engine::open(Arc::new(fs), opts).map_err(|e| format!("{}: {e}", backing.display()))
 }
 
+/// Raises the soft descriptor limit to the hard one. The daemon holds an
+/// io_uring and an eventfd per ring thread (8 per CPU for the mount, 2 per
+/// CPU for each `txfs run` view), plus the engine's files: with many CPUs
+/// and concurrent runs the usual soft limit of 1024 is near.
+fn raise_nofile() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: get/setrlimit on a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                tracing::debug!("raising RLIMIT_NOFILE: {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+}
+
 fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> Result<(), String> {
     let backing = backing.canonicalize().map_err(|e| format!("{}: {e}", backing.display()))?;
     let point = point.canonicalize().map_err(|e| format!("{}: {e}", point.display()))?;
@@ -286,6 +303,7 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
         return daemonize(&backing, &point, options);
     }
     init_logs();
+    raise_nofile();
     let lock = lock_backing(&backing)?;
     std::fs::write(backing.join(".txfs/daemon.pid"), format!("{}\n", std::process::id()))
         .map_err(|e| format!("pid file: {e}"))?;

@@ -503,6 +503,8 @@ pub(crate) struct RingThread {
     armed: usize,
     /// The eventfd read is queued (its buffer is `wake_buf`).
     wake_armed: bool,
+    /// The thread ends because the connection did (ENOTCONN/ECONNABORTED).
+    conn_gone: bool,
     /// Small requests are rebuilt here, 8-byte aligned like fuser's buffers.
     copy: Vec<u64>,
     big: Vec<u64>,
@@ -530,6 +532,7 @@ impl RingThread {
             slots: Vec::new(),
             armed: 0,
             wake_armed: false,
+            conn_gone: false,
             copy: words(IN_HEADER + OP_IN + COPY_LIMIT),
             big: Vec::new(),
         })
@@ -559,11 +562,16 @@ impl RingThread {
         Ok(())
     }
 
-    /// After `run`: reaps the completion of every command still queued (the
-    /// connection is gone, so the kernel ends each entry's command; the
+    /// After `run`: if the connection is gone, reaps the completion of every
+    /// command still queued (the kernel ends each entry's command; the
     /// eventfd read ends on a write of our own). Returns whether all came
     /// back within a second, after which no buffer is the kernel's.
     fn drain(&mut self) -> bool {
+        if !self.conn_gone {
+            // On a live connection the commands still queued would take
+            // requests nobody answers; closing the ring cancels them.
+            return false;
+        }
         if self.wake_armed {
             let one = 1u64.to_ne_bytes();
             // SAFETY: writing 8 bytes to our own eventfd.
@@ -646,74 +654,101 @@ impl RingThread {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) => return Err(e),
             }
-            let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
-            for (user_data, res) in done {
+            let mut done: std::collections::VecDeque<(u64, i32)> =
+                self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+            let go_on = self.handle(se, &mut done);
+            // Completions taken off the ring but not handled (the thread
+            // ends): their commands are no longer the kernel's either.
+            for (user_data, _) in done {
                 if user_data == WAKE {
                     self.wake_armed = false;
-                    if res < 0 && res != -libc::EINTR && res != -libc::EAGAIN {
-                        return Err(io::Error::from_raw_os_error(-res));
-                    }
-                    self.push_wake_read()?;
-                    // Late replies: commit each parked slot that has one.
-                    for i in 0..self.slots.len() {
-                        let ready = {
-                            let st = self.slots[i].reply.state();
-                            st.parked && st.done
-                        };
-                        if ready {
-                            self.queue.park(-1);
-                            self.commit(i)?;
-                        }
-                    }
-                    continue;
+                } else {
+                    self.armed = self.armed.saturating_sub(1);
                 }
-                let i = user_data as usize;
-                if res == -libc::EINTR || res == -libc::EAGAIN {
-                    // Not taken: the same command again.
-                    let slot = &self.slots[i];
-                    let sqe = if slot.fetched {
-                        uring_cmd(self.dev.as_raw_fd(), CMD_COMMIT_AND_FETCH, self.qid16(), slot.commit_id, None, i)
-                    } else {
-                        uring_cmd(self.dev.as_raw_fd(), CMD_REGISTER, self.qid16(), 0, Some(slot.iov.as_ptr() as u64), i)
-                    };
-                    self.push(&sqe)?;
-                    continue;
-                }
-                self.armed -= 1;
-                if res < 0 {
-                    let err = io::Error::from_raw_os_error(-res);
-                    if i == 0 && !self.slots[0].fetched && res != -libc::ENOTCONN && res != -libc::ECONNABORTED {
-                        // Until every queue has an entry the kernel holds
-                        // every request: the mount would hang for good.
-                        error!(
-                            "FUSE io_uring queue {}: registering the first entry failed: {err}; \
-                             this mount cannot serve requests, ending it (TXFS_URING_THREADS=0 uses /dev/fuse)",
-                            self.qid
-                        );
-                        if self.queue.mountpoint.is_some() {
-                            std::process::exit(1);
-                        }
-                        // A session on a descriptor it was given (a `txfs
-                        // run` view): the error ends it; closing the
-                        // descriptor aborts the connection.
-                        return Err(err);
-                    } else if !self.slots[i].fetched && res != -libc::ENOTCONN {
-                        warn!("FUSE io_uring queue {}: registering another entry: {err}", self.qid);
-                    } else {
-                        debug!("FUSE io_uring queue {}: {err}; thread ends", self.qid);
-                    }
-                    return Ok(());
-                }
-                self.slots[i].fetched = true;
-                if self.serve(se, i) {
-                    self.commit(i)?;
-                }
+            }
+            if !go_on? {
+                return Ok(());
             }
             if self.armed == 0 {
                 // Every entry waits for a late reply: one more for the queue.
                 self.register_slot()?;
             }
         }
+    }
+
+    /// Handles completions in order until they are all handled (`true`) or
+    /// the thread must end (`false`, or an error); what it leaves in
+    /// `done` was not handled.
+    fn handle<FS: Filesystem>(
+        &mut self,
+        se: &SessionEventLoop<FS>,
+        done: &mut std::collections::VecDeque<(u64, i32)>,
+    ) -> io::Result<bool> {
+        while let Some((user_data, res)) = done.pop_front() {
+            if user_data == WAKE {
+                self.wake_armed = false;
+                if res < 0 && res != -libc::EINTR && res != -libc::EAGAIN {
+                    return Err(io::Error::from_raw_os_error(-res));
+                }
+                self.push_wake_read()?;
+                // Late replies: commit each parked slot that has one.
+                for i in 0..self.slots.len() {
+                    let ready = {
+                        let st = self.slots[i].reply.state();
+                        st.parked && st.done
+                    };
+                    if ready {
+                        self.queue.park(-1);
+                        self.commit(i)?;
+                    }
+                }
+                continue;
+            }
+            let i = user_data as usize;
+            if res == -libc::EINTR || res == -libc::EAGAIN {
+                // Not taken: the same command again.
+                let slot = &self.slots[i];
+                let sqe = if slot.fetched {
+                    uring_cmd(self.dev.as_raw_fd(), CMD_COMMIT_AND_FETCH, self.qid16(), slot.commit_id, None, i)
+                } else {
+                    uring_cmd(self.dev.as_raw_fd(), CMD_REGISTER, self.qid16(), 0, Some(slot.iov.as_ptr() as u64), i)
+                };
+                self.push(&sqe)?;
+                continue;
+            }
+            self.armed -= 1;
+            if res < 0 {
+                let err = io::Error::from_raw_os_error(-res);
+                if i == 0 && !self.slots[0].fetched && res != -libc::ENOTCONN && res != -libc::ECONNABORTED {
+                    // Until every queue has an entry the kernel holds
+                    // every request: the mount would hang for good.
+                    error!(
+                        "FUSE io_uring queue {}: registering the first entry failed: {err}; \
+                         this mount cannot serve requests, ending it (TXFS_URING_THREADS=0 uses /dev/fuse)",
+                        self.qid
+                    );
+                    if self.queue.mountpoint.is_some() {
+                        std::process::exit(1);
+                    }
+                    // A session on a descriptor it was given (a `txfs
+                    // run` view) is not worth the process: this thread
+                    // ends, and the connection's requests wait (killably)
+                    // until its command is interrupted or killed.
+                    return Err(err);
+                } else if !self.slots[i].fetched && res != -libc::ENOTCONN {
+                    warn!("FUSE io_uring queue {}: registering another entry: {err}", self.qid);
+                } else {
+                    debug!("FUSE io_uring queue {}: {err}; thread ends", self.qid);
+                }
+                self.conn_gone = res == -libc::ENOTCONN || res == -libc::ECONNABORTED;
+                return Ok(false);
+            }
+            self.slots[i].fetched = true;
+            if self.serve(se, i) {
+                self.commit(i)?;
+            }
+        }
+        Ok(true)
     }
 
     /// Hands slot `i`'s request to the file system. Returns whether the
