@@ -362,13 +362,17 @@ pub(crate) fn start<FS: Filesystem + 'static>(
             // it. A session that serves one `txfs run` ends many times in a
             // daemon's life: leaking there costs descriptors and memory.
             let drained = ring.drain();
-            let RingThread { ring: uring, slots, wake_buf, .. } = ring;
+            let RingThread { ring: uring, slots, wake_buf, conn_gone, .. } = ring;
             drop(uring);
             if drained {
                 drop(slots);
                 drop(wake_buf);
             } else {
-                warn!("FUSE io_uring queue: commands still held by the kernel at exit; their buffers are leaked");
+                if conn_gone {
+                    warn!("FUSE io_uring queue: commands still held by the kernel at exit; their buffers are leaked");
+                } else {
+                    debug!("FUSE io_uring queue: ring thread ends on a live connection; its buffers are left");
+                }
                 std::mem::forget(slots);
                 std::mem::forget(wake_buf);
             }
@@ -567,6 +571,15 @@ impl RingThread {
     /// eventfd read ends on a write of our own). Returns whether all came
     /// back within a second, after which no buffer is the kernel's.
     fn drain(&mut self) -> bool {
+        // However the thread ended (a commit that raced the abort fails with
+        // ENOENT, not ENOTCONN): /dev/fuse polls POLLERR once the connection
+        // is aborted, which comes before its entries are torn down.
+        if !self.conn_gone {
+            let mut pfd = libc::pollfd { fd: self.dev.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd on a descriptor we hold; no waiting.
+            let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+            self.conn_gone = n == 1 && pfd.revents & libc::POLLERR != 0;
+        }
         if !self.conn_gone {
             // On a live connection the commands still queued would take
             // requests nobody answers; closing the ring cancels them.
@@ -735,7 +748,7 @@ impl RingThread {
                     // ends, and the connection's requests wait (killably)
                     // until its command is interrupted or killed.
                     return Err(err);
-                } else if !self.slots[i].fetched && res != -libc::ENOTCONN {
+                } else if !self.slots[i].fetched && res != -libc::ENOTCONN && res != -libc::ECONNABORTED {
                     warn!("FUSE io_uring queue {}: registering another entry: {err}", self.qid);
                 } else {
                     debug!("FUSE io_uring queue {}: {err}; thread ends", self.qid);
