@@ -600,8 +600,7 @@ impl TxFs {
         // shared mount's knob) keeps views on /dev/fuse too. A view never
         // answers late (it has no invalidation thread), so its queues need
         // no pump and no mount point.
-        let per_cpu: usize = std::env::var("TXFS_URING_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
-        config.uring_threads = Some(per_cpu.min(2));
+        config.uring_threads = Some(env_count("TXFS_URING_THREADS", 2).min(2));
         let dev2 = dev.try_clone()?;
         let view = self.new_view(tx);
         let gate = view.gate.clone();
@@ -1683,4 +1682,10 @@ impl Filesystem for TxFs {
             Err(e) => reply.error(e),
         }
     }
+}
+
+/// A count from the environment (`TXFS_THREADS`, `TXFS_URING_THREADS`), or
+/// `default` when unset or not a number.
+pub(crate) fn env_count(key: &str, default: usize) -> usize {
+    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

@@ -356,11 +356,11 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     let mut config = fuser::Config::default();
     config.mount_options = mopts;
     config.acl = acl;
-    config.n_threads = Some(std::env::var("TXFS_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(16));
+    config.n_threads = Some(fs::env_count("TXFS_THREADS", 16));
     // FUSE over io_uring when the kernel offers it (6.14+, the fuse module's
     // enable_uring parameter): threads per CPU, pinned, so a request and its
     // reply do not wake another CPU (bench/NOTES.md item 25).
-    config.uring_threads = Some(std::env::var("TXFS_URING_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(8));
+    config.uring_threads = Some(fs::env_count("TXFS_URING_THREADS", 8));
     let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
     let _ = notifier_slot.set(session.notifier());
     // Kernel caching while no transaction is live needs FUSE_NOTIFY_INC_EPOCH.

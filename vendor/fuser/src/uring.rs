@@ -112,7 +112,6 @@ fn words(bytes: usize) -> Vec<u64> {
     vec![0u64; bytes.div_ceil(8)]
 }
 
-
 struct ReplyState {
     /// The reply has been written (or staged).
     done: bool,
