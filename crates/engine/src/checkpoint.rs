@@ -40,7 +40,7 @@
 //! ([`run`], DESIGN §4).
 
 use crate::delta::NO_CUT;
-use crate::engine::{data_path, BaseLoc, State, META_DIR, ORPHANS_OBJ};
+use crate::engine::{data_path, BaseLoc, State, META_DIR, ORPHANS_OBJ, SPARES_MAX};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{Epoch, ObjId, Seq};
 use crate::journal::{self, JournalWriter, SyncState};
@@ -61,11 +61,34 @@ pub enum MoveOut {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Place {
-    Rename { stage: Vec<u8>, to: Vec<u8> },
-    File { to: Vec<u8> },
-    Dir { to: Vec<u8> },
-    Symlink { to: Vec<u8>, target: Vec<u8> },
-    Link { existing: Vec<u8>, to: Vec<u8> },
+    Rename {
+        stage: Vec<u8>,
+        to: Vec<u8>,
+    },
+    File {
+        to: Vec<u8>,
+    },
+    Dir {
+        to: Vec<u8>,
+    },
+    Symlink {
+        to: Vec<u8>,
+        target: Vec<u8>,
+    },
+    Link {
+        existing: Vec<u8>,
+        to: Vec<u8>,
+    },
+    /// An existing file whose committed content is all of a data file (its
+    /// shadow): the data file, cut to `size`, given the file's owner, mode,
+    /// xattrs and times, synced and renamed over it. With `keep`, the old
+    /// inode is linked there first and stays as a spare data file.
+    Replace {
+        data: Vec<u8>,
+        to: Vec<u8>,
+        size: u64,
+        keep: Option<Vec<u8>>,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -231,6 +254,10 @@ struct NodeUpdates {
     /// New files placed by renaming their data file: the tree holds their
     /// content once phase 2 ran.
     in_place: Vec<ObjId>,
+    /// Existing files replaced by their shadow: a new backing inode.
+    replaced: Vec<ObjId>,
+    /// Old inodes kept as spare data files: `(id, length)`.
+    spares: Vec<(u64, u64)>,
 }
 
 /// Computes the plan for the committed delta.
@@ -328,6 +355,8 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         gone: Vec::new(),
         new_inos: Vec::new(),
         in_place: Vec::new(),
+        replaced: Vec::new(),
+        spares: Vec::new(),
         changed_locs: HashSet::new(),
     };
     for (o, loc) in &keep_at {
@@ -389,18 +418,56 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             }
         }
     }
-    // New files that are exactly a data file: renamed into place.
+    // How many objects have bytes in each data file: one that holds
+    // another object's bytes is never renamed away.
+    let mut users: HashMap<u64, usize> = HashMap::new();
+    for od in d.objs.values() {
+        let ids: HashSet<u64> = od
+            .file
+            .iter()
+            .flat_map(|f| f.ext.iter())
+            .filter_map(|(_, e)| match e.loc {
+                crate::delta::DataLoc::File(id, _) => Some(id),
+                _ => None,
+            })
+            .collect();
+        for id in ids {
+            *users.entry(id).or_default() += 1;
+        }
+    }
+    // New files that are exactly a data file (staged, or the shadow of a
+    // later transaction that rewrote all of it): renamed into place.
     let mut in_place: HashMap<ObjId, u64> = HashMap::new();
     for (o, n) in &created {
         if n.kind != FileKind::File {
             continue;
         }
-        let staged = d.objs.get(o).and_then(|od| od.file.as_ref()).and_then(|f| f.staged_file());
-        if let Some((id, size)) = staged {
-            // Its length is all of it: no other object's bytes are in it.
-            if st.data_files.get(&id).is_some_and(|df| df.len == size) {
+        let Some(f) = d.objs.get(o).and_then(|od| od.file.as_ref()) else { continue };
+        let size = f.size_after(0);
+        if let (Some((id, end)), 0) = (f.shadow_file(), f.cut) {
+            // Its length is all of it: no other bytes are in it.
+            if end >= size && users.get(&id) == Some(&1) && st.data_files.get(&id).is_some_and(|df| df.len == size) {
                 in_place.insert(**o, id);
             }
+        }
+    }
+    // Existing files whose committed content is all of their shadow: the
+    // shadow replaces them. Only files that keep their one name (a second
+    // link would keep the old inode's content).
+    let mut replace: HashMap<ObjId, (u64, u64, PathBuf, u64)> = HashMap::new();
+    for (o, od) in &d.objs {
+        if d.created.contains_key(o) || staged.contains(o) || final_locs.contains_key(o) {
+            continue;
+        }
+        let Some((id, end)) = od.file.as_ref().and_then(|f| f.shadow_file()) else { continue };
+        if users.get(&id) != Some(&1) {
+            continue;
+        }
+        let (Some(bp), Some(to)) = (st.base_path(*o), final_path(st, *o)) else { continue };
+        let m = st.storage.lstat(&bp).ctx("checkpoint stat", || bp.display().to_string())?;
+        let size = od.file.as_ref().map_or(0, |f| f.size_after(m.size));
+        if m.kind == FileKind::File && m.nlink == 1 && end >= size {
+            replace.insert(*o, (id, size, to, m.size));
         }
     }
     let place_new = |o: ObjId, to: &Path| -> Place {
@@ -461,6 +528,24 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         }
         upd.moved.push((*o, BaseLoc { parent: ORPHANS_OBJ, name: orphan_name(*o) }));
     }
+    let mut replaced: Vec<_> = replace.iter().collect();
+    replaced.sort();
+    // The old inodes stay as spare data files (new shadows overwrite their
+    // allocated blocks: about twice as fast as filling a new file here)
+    // while the spares stay under SPARES_MAX and a quarter of free space.
+    let free = st.storage.free_bytes().ctx("checkpoint", || "statvfs of the backing tree".into())?;
+    let mut kept: u64 = st.spares.iter().map(|(_, l)| l).sum();
+    for (_, (id, size, to, old)) in replaced {
+        let keep = kept + old <= SPARES_MAX && free.is_none_or(|f| kept + old <= f / 4) && *old > 0;
+        let keep = keep.then(|| {
+            kept += old;
+            let k = st.next_data;
+            st.next_data += 1;
+            upd.spares.push((k, *old));
+            bytes(&data_path(k))
+        });
+        plan.place.push(Place::Replace { data: bytes(&data_path(*id)), to: bytes(to), size: *size, keep });
+    }
     // Phase 3.
     let orphan_set: HashSet<ObjId> = orphan.iter().copied().collect();
     let mut touched: Vec<_> = d.objs.iter().collect();
@@ -477,7 +562,7 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             }
         };
         let kind = st.node_kind(*o)?;
-        if let (Some(f), false) = (&od.file, in_place.contains_key(o)) {
+        if let (Some(f), false) = (&od.file, in_place.contains_key(o) || replace.contains_key(o)) {
             let base = if d.created.contains_key(o) {
                 0
             } else {
@@ -514,7 +599,8 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         }
     }
     upd.changed_locs = changed_locs;
-    upd.in_place = in_place.into_keys().collect();
+    upd.in_place = in_place.into_keys().chain(replace.keys().copied()).collect();
+    upd.replaced = replace.into_keys().collect();
     Ok((plan, upd))
 }
 
@@ -579,6 +665,17 @@ fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
                     });
                 }
             }
+            Place::Replace { data, to, size, keep } => {
+                if exists(s, p(data))? {
+                    replace_file(s, p(data), p(to), *size, keep.as_deref().map(p))?;
+                } else if !exists(s, p(to))? {
+                    return Err(Error::Corrupt {
+                        path: plan_path(plan.epoch),
+                        offset: 0,
+                        detail: format!("neither {} nor {} exists", p(data).display(), p(to).display()),
+                    });
+                }
+            }
             Place::File { to } => {
                 s.create_file(p(to), 0o600).ctx("checkpoint create", || p(to).display().to_string())?
             }
@@ -601,6 +698,33 @@ fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `to`'s new content is the data file `data`: cut to `size`, it gets what
+/// the old inode had besides its bytes (owner, mode, xattrs, times), is
+/// synced, and is renamed over `to`. Replaying it is safe until the rename
+/// (`to` is still the old inode); after it `data` is gone and it is skipped.
+fn replace_file(s: &dyn Storage, data: &Path, to: &Path, size: u64, keep: Option<&Path>) -> Result<()> {
+    let what = || to.display().to_string();
+    let m = s.lstat(to).ctx("checkpoint stat", what)?;
+    let dwhat = || data.display().to_string();
+    s.set_len(data, size).ctx("checkpoint replace", dwhat)?;
+    // chown first: it clears the set-id bits that chmod then restores.
+    s.set_owner(data, m.uid, m.gid).ctx("checkpoint replace", dwhat)?;
+    s.set_mode(data, m.mode).ctx("checkpoint replace", dwhat)?;
+    for name in s.list_xattrs(to).ctx("checkpoint listxattr", what)? {
+        if let Some(v) = s.get_xattr(to, &name).ctx("checkpoint getxattr", what)? {
+            s.set_xattr(data, &name, &v).ctx("checkpoint replace", dwhat)?;
+        }
+    }
+    s.set_times(data, m.atime, m.mtime).ctx("checkpoint replace", dwhat)?;
+    if let Some(k) = keep {
+        if !exists(s, k)? {
+            s.link(to, k).ctx("checkpoint spare", || k.display().to_string())?;
+        }
+    }
+    s.fsync(data).ctx("checkpoint replace", dwhat)?;
+    s.rename(data, to).ctx("checkpoint replace", what)
 }
 
 /// Phase 3: contents and attributes; with `stage`, only those written
@@ -907,9 +1031,11 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
     // Not enough room: fail before the backing tree changes, so nothing is
     // poisoned and the next attempt (once space is freed) simply runs.
     let mut free = storage.free_bytes().ctx("checkpoint", || "statvfs of the backing tree".into())?;
-    if free.is_some_and(|f| f < space_needed(&plan)) && storage.lstat(&spare_path()).is_ok() {
-        // The spare journal is the first thing to give back.
+    if free.is_some_and(|f| f < space_needed(&plan)) {
+        // The spare journal and spare data files are the first things to
+        // give back.
         drop_spare(&*storage)?;
+        st.drop_spares();
         free = storage.free_bytes().ctx("checkpoint", || "statvfs of the backing tree".into())?;
     }
     if let Some(free) = free {
@@ -969,6 +1095,14 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
                 }
             }
         }
+    }
+    st.spares.extend(upd.spares);
+    for o in upd.replaced {
+        let Some(m) = st.base_path(o).and_then(|pth| storage.lstat(&pth).ok()) else { continue };
+        if let Some(old) = st.nodes.get_mut(&o).and_then(|n| n.ino.replace((m.dev, m.ino))) {
+            st.by_ino.remove(&old);
+        }
+        st.by_ino.insert((m.dev, m.ino), o);
     }
     let released = std::mem::take(&mut st.released_orphans);
     let mut frozen = std::mem::take(&mut st.committed);

@@ -219,6 +219,23 @@ impl FileDelta {
         }
     }
 
+    /// The data file whose bytes, at their own offsets, are all of this
+    /// delta's extents, contiguous from offset 0 (a shadow: DESIGN §2a),
+    /// and where those extents end. `None` if any byte below that end comes
+    /// from elsewhere or from another offset.
+    pub fn shadow_file(&self) -> Option<(u64, u64)> {
+        let mut file = None;
+        let mut at = 0;
+        for (off, e) in self.ext.iter() {
+            match e.loc {
+                DataLoc::File(f, foff) if off == at && foff == off && file.is_none_or(|g| g == f) => file = Some(f),
+                _ => return None,
+            }
+            at = off + e.len;
+        }
+        file.map(|f| (f, at))
+    }
+
     pub fn size_after(&self, lower: u64) -> u64 {
         match self.size {
             SizeDelta::Exactly(s) => s,

@@ -179,6 +179,10 @@ pub(crate) struct Tx {
     pub spill: Option<(u64, u64)>,
     /// Files it created whose content is staged in a data file.
     pub staged: HashMap<ObjId, u64>,
+    /// Existing files it rewrites from the start, past its memory: their
+    /// shadow data files, which hold its bytes at the files' own offsets
+    /// (DESIGN §2a).
+    pub shadows: HashMap<ObjId, u64>,
     /// A data file of this transaction was written since it was last synced.
     pub data_dirty: bool,
     /// Objects whose attributes the transaction set itself (setattr), as
@@ -189,7 +193,8 @@ pub(crate) struct Tx {
 impl Tx {
     /// Its data files: the spill file and the staged files.
     fn data_file_ids(&self) -> impl Iterator<Item = u64> + '_ {
-        self.spill.iter().map(|(id, _)| *id).chain(self.staged.values().copied())
+        let files = self.staged.values().chain(self.shadows.values()).copied();
+        self.spill.iter().map(|(id, _)| *id).chain(files)
     }
 
     fn new(id: TxId, start: Seq) -> Tx {
@@ -202,6 +207,7 @@ impl Tx {
             mem_bytes: 0,
             spill: None,
             staged: HashMap::new(),
+            shadows: HashMap::new(),
             data_dirty: false,
             explicit: Default::default(),
         }
@@ -240,7 +246,14 @@ pub(crate) struct State {
     pub stats: Stats,
     pub spill_threshold: u64,
     pub stage_threshold: u64,
+    /// Spare data files: the old inodes of files a checkpoint replaced by
+    /// their shadows, `(id, length)`. A new shadow takes one and overwrites
+    /// blocks that are already allocated (DESIGN §2a).
+    pub spares: Vec<(u64, u64)>,
 }
+
+/// Total bytes of spare data files kept (DESIGN §2a).
+pub(crate) const SPARES_MAX: u64 = 2 << 30;
 
 /// A data file: a transaction's spilled bytes or a new file's staged content.
 pub(crate) struct DataFile {
@@ -901,6 +914,14 @@ impl State {
             Self::touch(tx, o, true);
             return Ok(());
         }
+        if let Some(&id) = tx.shadows.get(&o) {
+            let what = || data_path(id).display().to_string();
+            let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
+            df.writer()?.write_at(off, data).ctx("write", what)?;
+            df.len = df.len.max(off + data.len() as u64);
+            self.spilled(tx, o, off, data.len() as u64, id, off);
+            return Ok(());
+        }
         let loc = if tx.mem_bytes + data.len() as u64 > self.spill_threshold {
             self.spill(tx, data)?
         } else {
@@ -925,6 +946,12 @@ impl State {
         off: u64,
         len: u64,
     ) -> Result<Option<(u64, u64, Arc<dyn StoredFile>)>> {
+        let fits = len > 0 && off.checked_add(len).is_some_and(|e| e <= i64::MAX as u64);
+        if let Some(id) = if fits { self.shadow(tx, o, off, len)? } else { None } {
+            let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
+            df.len = df.len.max(off + len);
+            return Ok(Some((id, off, df.writer()?.clone())));
+        }
         let ordinary = len == 0
             || tx.mem_bytes + len <= self.spill_threshold
             || tx.delta.created.contains_key(&o)
@@ -945,12 +972,105 @@ impl State {
         Ok(Some((*id, at, df.writer()?.clone())))
     }
 
+    /// The shadow data file of `o` in `tx`, if it has one or gets one now:
+    /// a file `tx` did not create (in the tree with a single link, or
+    /// created by a committed transaction) that `tx` rewrites from its
+    /// start (its bytes cover everything below `off`) gets one when this
+    /// write would leave memory. `tx`'s bytes of `o` are moved into it
+    /// once; from then on every write of `o` goes there, at its own offset.
+    /// A checkpoint renames the shadow into place when it is all of the
+    /// committed content (DESIGN §2a): those bytes are written once.
+    fn shadow(&mut self, tx: &mut Tx, o: ObjId, off: u64, len: u64) -> Result<Option<u64>> {
+        if let Some(&id) = tx.shadows.get(&o) {
+            return Ok(Some(id));
+        }
+        if tx.mem_bytes + len <= self.spill_threshold
+            || tx.delta.created.contains_key(&o)
+            || self.kind_in(Some(tx), o)? != FileKind::File
+        {
+            return Ok(None);
+        }
+        let mine = tx.delta.objs.get(&o).and_then(|od| od.file.as_ref());
+        if off > 0 && !mine.is_some_and(|f| f.ext.covers(0, off)) {
+            return Ok(None);
+        }
+        let new = self.committed.created.contains_key(&o);
+        if !new && !self.base_meta(o)?.is_some_and(|m| m.kind == FileKind::File && m.nlink == 1) {
+            return Ok(None);
+        }
+        let pieces: Vec<_> =
+            mine.map_or(Vec::new(), |f| f.ext.iter().map(|(at, e)| (at, e.len, e.loc.clone())).collect());
+        let id = match self.take_spare(tx) {
+            Some(id) => id,
+            None => self.new_data_file(tx, "shadow")?,
+        };
+        let what = || data_path(id).display().to_string();
+        let mut buf = Vec::new();
+        let mut end = 0;
+        for (at, l, loc) in &pieces {
+            let mut done = 0u64;
+            while done < *l {
+                let n = ((l - done) as usize).min(1 << 20);
+                buf.resize(n, 0);
+                self.fetch(&loc.advance(done), &mut buf).ctx("shadow", what)?;
+                self.data_files[&id].writer()?.write_at(at + done, &buf).ctx("shadow", what)?;
+                done += n as u64;
+            }
+            if let DataLoc::Mem(..) = loc {
+                // Those bytes leave memory once the delta points here.
+                tx.mem_bytes = tx.mem_bytes.saturating_sub(*l);
+            }
+            end = end.max(at + l);
+        }
+        let f = tx.delta.obj(o).file.get_or_insert_with(FileDelta::default);
+        for (at, l, _) in &pieces {
+            f.write(*at, *l, DataLoc::File(id, *at));
+        }
+        let df = self.data_files.get_mut(&id).expect("just made");
+        df.len = df.len.max(end);
+        tx.shadows.insert(o, id);
+        tx.data_dirty = true;
+        Ok(Some(id))
+    }
+
     /// The bytes reserved by [`State::reserve_spill`] are written: they are
     /// the transaction's content of `o` at `off`.
     fn spilled(&mut self, tx: &mut Tx, o: ObjId, off: u64, len: u64, id: u64, at: u64) {
         tx.data_dirty = true;
         tx.delta.obj(o).file.get_or_insert_with(FileDelta::default).write(off, len, DataLoc::File(id, at));
         Self::touch(tx, o, true);
+    }
+
+    /// A spare data file for a shadow of `tx`, if one opens: the largest.
+    /// Its length stays its `len` (the blocks past what the shadow writes
+    /// hold old bytes: a checkpoint renames a shadow into place only when
+    /// every byte below its size is the transaction's, cutting the rest).
+    fn take_spare(&mut self, tx: &Tx) -> Option<u64> {
+        let i = (0..self.spares.len()).max_by_key(|&i| self.spares[i].1)?;
+        let (id, len) = self.spares.swap_remove(i);
+        match self.storage.open_file(&data_path(id), false) {
+            Ok(f) => {
+                let epoch = self.journal.epoch;
+                self.data_files.insert(id, DataFile { file: Some(f), owner: Some(tx.id), len, epoch });
+                Some(id)
+            }
+            Err(e) => {
+                tracing::warn!("{}: {e} (spare data file dropped)", data_path(id).display());
+                let _ = self.storage.unlink(&data_path(id));
+                None
+            }
+        }
+    }
+
+    /// Deletes the spare data files (disk space goes back).
+    pub(crate) fn drop_spares(&mut self) {
+        for (id, _) in std::mem::take(&mut self.spares) {
+            match self.storage.unlink(&data_path(id)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!("{}: {e} (removed at the next start)", data_path(id).display()),
+            }
+        }
     }
 
     /// A new, empty data file owned by `tx`.
@@ -1363,7 +1483,15 @@ impl Engine {
         // Spilled bytes are copied without the engine lock: concurrent
         // transactions' big writes do not wait for one another's copies.
         if let Some((id, at, file)) = reserved {
-            file.write_at(at, data).ctx("spill write", || data_path(id).display().to_string())?;
+            if let Err(e) = file.write_at(at, data) {
+                if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+                    // Spare data files give their space back: a retry may fit.
+                    self.lock().drop_spares();
+                }
+                return Err(Error::io("spill write", data_path(id).display().to_string(), e));
+            }
+            // On their way to the disk before the commit's sync waits.
+            file.start_writeback(at, len);
             self.run(tx, |st, t| {
                 st.spilled(t, o, off, len, id, at);
                 Ok(())
@@ -1634,6 +1762,7 @@ impl Engine {
         self.checkpoint()?;
         let _one = self.shared.ckpt_lock.lock();
         crate::checkpoint::drop_spare(&*storage)?;
+        self.lock().drop_spares();
         // A checkpoint with nothing to do leaves the journal as it is: if it
         // is a recycled one, its old bytes go now (nothing is committed, so
         // nothing follows the header). The same file goes on, keyed: a
@@ -1797,9 +1926,10 @@ fn commit_locked(st: &mut State, sync: &SyncState, mut tx: Tx, sync_follows: boo
             st.discard_tx(&tx);
             st.stats.aborts += 1;
             if matches!(e.errno(), libc::ENOSPC | libc::EDQUOT) {
-                // The spare journal's space goes back to the file system:
-                // this commit failed whole, a retry may fit.
+                // The spare journal's and spare data files' space goes back
+                // to the file system: this commit failed whole, a retry may fit.
                 let _ = crate::checkpoint::drop_spare(&*st.storage);
+                st.drop_spares();
             }
             return Err(e);
         }

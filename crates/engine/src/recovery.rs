@@ -297,6 +297,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         committed_data_bytes: 0,
         poisoned: None,
         released_orphans: Vec::new(),
+        spares: Vec::new(),
         stats: Default::default(),
         spill_threshold: opts.spill_threshold,
         stage_threshold: opts.stage_threshold,
