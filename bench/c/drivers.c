@@ -401,12 +401,19 @@ static int cmd_rmfiles(long n) {
 }
 
 /* ---- W13 (Valor): P processes each overwriting its own file ------------ */
-static int cmd_valor(long procs, long mb) {
+static void valor_fill(long procs, long mb) {
     char f[4096];
     for (long p = 0; p < procs; p++) {
         path(f, sizeof f, "valor%ld", p, 0);
         fill_file(f, mb * MiB, 0);
     }
+}
+
+/* With fill == 0 the files are already there (`valorfill` made them, and
+ * the harness let the machine settle in between). */
+static int cmd_valor(long procs, long mb, int fill) {
+    char f[4096];
+    if (fill) valor_fill(procs, mb);
     int go[2];
     CK(pipe(go));
     pid_t kids[64];
@@ -586,7 +593,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "commit4k")) return cmd_commit4k(a, b);
     if (!strcmp(cmd, "faust")) return cmd_faust(a, b);
     if (!strcmp(cmd, "rmfiles")) return cmd_rmfiles(a);
-    if (!strcmp(cmd, "valor")) return cmd_valor(a, b);
+    if (!strcmp(cmd, "valor")) return cmd_valor(a, b, !(argc > 6 && !strcmp(argv[6], "nofill")));
+    if (!strcmp(cmd, "valorfill")) return valor_fill(a, b), 0;
     if (!strcmp(cmd, "stat")) return cmd_stat(a);
     if (!strcmp(cmd, "createunlink1")) return cmd_createunlink_plain(a);
     if (!strcmp(cmd, "seqwrite")) return cmd_seqwrite(a, "seq");
