@@ -16,7 +16,9 @@
 //!                      shallowest first; extra hard links after; a new
 //!                      file whose content is exactly a data file is that
 //!                      data file, renamed into place (its bytes are
-//!                      written once: selective data journaling)
+//!                      written once: selective data journaling); an
+//!                      existing file whose content is all of its shadow
+//!                      gets its attributes and is replaced by it
 //!                      — skip if the stage name is gone / target exists
 //!  phase 3  contents   per file: truncate to the cut, write extents from
 //!                      the journal and from data files, set the final
@@ -80,9 +82,10 @@ pub enum Place {
         to: Vec<u8>,
     },
     /// An existing file whose committed content is all of a data file (its
-    /// shadow): the data file, cut to `size`, given the file's owner, mode,
-    /// xattrs and times, synced and renamed over it. With `keep`, the old
-    /// inode is linked there first and stays as a spare data file.
+    /// shadow, which [`build`] gave the file's owner, mode, xattrs and
+    /// times): the data file, cut to `size`, synced and renamed over it.
+    /// With `keep`, the old inode is linked there first and stays as a
+    /// spare data file.
     Replace {
         data: Vec<u8>,
         to: Vec<u8>,
@@ -467,7 +470,13 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         let m = st.storage.lstat(&bp).ctx("checkpoint stat", || bp.display().to_string())?;
         let size = od.file.as_ref().map_or(0, |f| f.size_after(m.size));
         if m.kind == FileKind::File && m.nlink == 1 && end >= size {
-            replace.insert(*o, (id, size, to, m.size));
+            match prepare_shadow(&*st.storage, &data_path(id), &bp) {
+                Ok(()) => {
+                    replace.insert(*o, (id, size, to, m.size));
+                }
+                // Copied instead, as before shadows.
+                Err(e) => tracing::debug!("{}: {e}: its shadow is copied, not renamed", bp.display()),
+            }
         }
     }
     let place_new = |o: ObjId, to: &Path| -> Place {
@@ -700,27 +709,46 @@ fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// `to`'s new content is the data file `data`: cut to `size`, it gets what
-/// the old inode had besides its bytes (owner, mode, xattrs, times), is
-/// synced, and is renamed over `to`. Replaying it is safe until the rename
-/// (`to` is still the old inode); after it `data` is gone and it is skipped.
-fn replace_file(s: &dyn Storage, data: &Path, to: &Path, size: u64, keep: Option<&Path>) -> Result<()> {
-    let what = || to.display().to_string();
-    let m = s.lstat(to).ctx("checkpoint stat", what)?;
-    let dwhat = || data.display().to_string();
-    s.set_len(data, size).ctx("checkpoint replace", dwhat)?;
+/// Gives the shadow `data` what the file `to` it replaces has besides its
+/// bytes: owner, mode, exactly its xattrs (a spare's own are removed;
+/// ACLs are xattrs) and times. Done while the plan is built, before it is
+/// persisted: a daemon that may not do this (not root, a file system
+/// without owners or xattrs) copies the file instead of failing a plan it
+/// could never finish. The storage contract's ordered metadata makes these
+/// changes durable no later than the plan.
+fn prepare_shadow(s: &dyn Storage, data: &Path, to: &Path) -> std::io::Result<()> {
+    let m = s.lstat(to)?;
     // chown first: it clears the set-id bits that chmod then restores.
-    s.set_owner(data, m.uid, m.gid).ctx("checkpoint replace", dwhat)?;
-    s.set_mode(data, m.mode).ctx("checkpoint replace", dwhat)?;
-    for name in s.list_xattrs(to).ctx("checkpoint listxattr", what)? {
-        if let Some(v) = s.get_xattr(to, &name).ctx("checkpoint getxattr", what)? {
-            s.set_xattr(data, &name, &v).ctx("checkpoint replace", dwhat)?;
+    s.set_owner(data, m.uid, m.gid)?;
+    s.set_mode(data, m.mode)?;
+    let want = s.list_xattrs(to)?;
+    for name in s.list_xattrs(data)? {
+        if !want.contains(&name) {
+            s.remove_xattr(data, &name)?;
         }
     }
-    s.set_times(data, m.atime, m.mtime).ctx("checkpoint replace", dwhat)?;
+    for name in &want {
+        if let Some(v) = s.get_xattr(to, name)? {
+            s.set_xattr(data, name, &v)?;
+        }
+    }
+    s.set_times(data, m.atime, m.mtime)
+}
+
+/// `to`'s new content is its prepared shadow `data`: cut to `size`, synced
+/// and renamed over `to`. With `keep`, the old inode is linked there first
+/// (if the file system allows: otherwise it is simply not kept). Replaying
+/// it is safe until the rename (`to` is still the old inode); after it
+/// `data` is gone and it is skipped.
+fn replace_file(s: &dyn Storage, data: &Path, to: &Path, size: u64, keep: Option<&Path>) -> Result<()> {
+    let what = || to.display().to_string();
+    let dwhat = || data.display().to_string();
+    s.set_len(data, size).ctx("checkpoint replace", dwhat)?;
     if let Some(k) = keep {
         if !exists(s, k)? {
-            s.link(to, k).ctx("checkpoint spare", || k.display().to_string())?;
+            if let Err(e) = s.link(to, k) {
+                tracing::debug!("{}: {e}: the old inode is not kept as a spare", k.display());
+            }
         }
     }
     s.fsync(data).ctx("checkpoint replace", dwhat)?;
@@ -1096,7 +1124,12 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
             }
         }
     }
-    st.spares.extend(upd.spares);
+    for (k, _) in upd.spares {
+        // The link may not have been allowed (replace_file).
+        if let Ok(m) = storage.lstat(&data_path(k)) {
+            st.spares.push((k, m.size));
+        }
+    }
     for o in upd.replaced {
         let Some(m) = st.base_path(o).and_then(|pth| storage.lstat(&pth).ok()) else { continue };
         if let Some(old) = st.nodes.get_mut(&o).and_then(|n| n.ino.replace((m.dev, m.ino))) {

@@ -188,6 +188,11 @@ pub(crate) struct Tx {
     /// Objects whose attributes the transaction set itself (setattr), as
     /// opposed to times that its namespace changes bumped.
     pub explicit: std::collections::HashSet<ObjId>,
+    /// Writes reserved in its data files whose bytes are still being copied
+    /// outside the engine lock. Its commit waits for them: a shadow's bytes
+    /// sit where the committed delta points, so a copy landing after the
+    /// commit would change committed content.
+    pub inflight: u32,
 }
 
 impl Tx {
@@ -210,6 +215,7 @@ impl Tx {
             shadows: HashMap::new(),
             data_dirty: false,
             explicit: Default::default(),
+            inflight: 0,
         }
     }
 }
@@ -254,6 +260,11 @@ pub(crate) struct State {
 
 /// Total bytes of spare data files kept (DESIGN §2a).
 pub(crate) const SPARES_MAX: u64 = 2 << 30;
+
+/// A rewrite gets a shadow once it reaches this far into the file: smaller
+/// files stay in the spill file (one sync for all of them at the commit,
+/// not one each, and no rename each at the checkpoint).
+const SHADOW_MIN: u64 = 1 << 20;
 
 /// A data file: a transaction's spilled bytes or a new file's staged content.
 pub(crate) struct DataFile {
@@ -907,8 +918,11 @@ impl State {
             let id = tx.staged[&o];
             let what = || data_path(id).display().to_string();
             let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
-            df.writer()?.write_at(off, data).ctx("write", what)?;
+            // Its length first: a write cut short (ENOSPC) may have
+            // extended the file, and a data file is never shorter than its
+            // `len` says when the checkpoint renames it into place.
             df.len = df.len.max(off + data.len() as u64);
+            df.writer()?.write_at(off, data).ctx("write", what)?;
             tx.data_dirty = true;
             tx.delta.obj(o).file = Some(FileDelta::staged(id, df.len));
             Self::touch(tx, o, true);
@@ -917,8 +931,8 @@ impl State {
         if let Some(&id) = tx.shadows.get(&o) {
             let what = || data_path(id).display().to_string();
             let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
-            df.writer()?.write_at(off, data).ctx("write", what)?;
             df.len = df.len.max(off + data.len() as u64);
+            df.writer()?.write_at(off, data).ctx("write", what)?;
             self.spilled(tx, o, off, data.len() as u64, id, off);
             return Ok(());
         }
@@ -950,7 +964,9 @@ impl State {
         if let Some(id) = if fits { self.shadow(tx, o, off, len)? } else { None } {
             let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
             df.len = df.len.max(off + len);
-            return Ok(Some((id, off, df.writer()?.clone())));
+            let file = df.writer()?.clone();
+            tx.inflight += 1;
+            return Ok(Some((id, off, file)));
         }
         let ordinary = len == 0
             || tx.mem_bytes + len <= self.spill_threshold
@@ -969,14 +985,17 @@ impl State {
         *end += len;
         let df = self.data_files.get_mut(id).ok_or_else(|| Error::Poisoned("spill file gone".into()))?;
         df.len = *end;
-        Ok(Some((*id, at, df.writer()?.clone())))
+        let file = df.writer()?.clone();
+        tx.inflight += 1;
+        Ok(Some((*id, at, file)))
     }
 
     /// The shadow data file of `o` in `tx`, if it has one or gets one now:
     /// a file `tx` did not create (in the tree with a single link, or
     /// created by a committed transaction) that `tx` rewrites from its
-    /// start (its bytes cover everything below `off`) gets one when this
-    /// write would leave memory. `tx`'s bytes of `o` are moved into it
+    /// start — its bytes are exactly everything below `off`, at most its
+    /// memory budget, and this write reaches [`SHADOW_MIN`] — gets one when
+    /// this write would leave memory. `tx`'s bytes of `o` are moved into it
     /// once; from then on every write of `o` goes there, at its own offset.
     /// A checkpoint renames the shadow into place when it is all of the
     /// committed content (DESIGN §2a): those bytes are written once.
@@ -991,7 +1010,8 @@ impl State {
             return Ok(None);
         }
         let mine = tx.delta.objs.get(&o).and_then(|od| od.file.as_ref());
-        if off > 0 && !mine.is_some_and(|f| f.ext.covers(0, off)) {
+        let prefix = |f: &FileDelta| f.ext.end() <= off && f.ext.covers(0, off);
+        if off + len < SHADOW_MIN || off > self.spill_threshold.max(SHADOW_MIN) || !(mine.map_or(off == 0, prefix)) {
             return Ok(None);
         }
         let new = self.committed.created.contains_key(&o);
@@ -1000,13 +1020,21 @@ impl State {
         }
         let pieces: Vec<_> =
             mine.map_or(Vec::new(), |f| f.ext.iter().map(|(at, e)| (at, e.len, e.loc.clone())).collect());
-        let id = match self.take_spare(tx) {
+        let want = self.attr_unrecorded(Some(tx), o)?.size;
+        let id = match self.take_spare(tx, want) {
             Some(id) => id,
             None => self.new_data_file(tx, "shadow")?,
         };
+        // Registered first: if the copy fails, the transaction still owns
+        // (and its end removes) the file, and its extents still point where
+        // they did.
+        tx.shadows.insert(o, id);
+        tx.data_dirty = true;
         let what = || data_path(id).display().to_string();
+        let end = pieces.iter().map(|(at, l, _)| at + l).max().unwrap_or(0);
+        let df = self.data_files.get_mut(&id).expect("just made");
+        df.len = df.len.max(end);
         let mut buf = Vec::new();
-        let mut end = 0;
         for (at, l, loc) in &pieces {
             let mut done = 0u64;
             while done < *l {
@@ -1016,20 +1044,15 @@ impl State {
                 self.data_files[&id].writer()?.write_at(at + done, &buf).ctx("shadow", what)?;
                 done += n as u64;
             }
-            if let DataLoc::Mem(..) = loc {
-                // Those bytes leave memory once the delta points here.
-                tx.mem_bytes = tx.mem_bytes.saturating_sub(*l);
-            }
-            end = end.max(at + l);
         }
         let f = tx.delta.obj(o).file.get_or_insert_with(FileDelta::default);
-        for (at, l, _) in &pieces {
+        for (at, l, loc) in &pieces {
             f.write(*at, *l, DataLoc::File(id, *at));
+            if let DataLoc::Mem(..) = loc {
+                // Those bytes left memory: the delta points here now.
+                tx.mem_bytes = tx.mem_bytes.saturating_sub(*l);
+            }
         }
-        let df = self.data_files.get_mut(&id).expect("just made");
-        df.len = df.len.max(end);
-        tx.shadows.insert(o, id);
-        tx.data_dirty = true;
         Ok(Some(id))
     }
 
@@ -1041,12 +1064,14 @@ impl State {
         Self::touch(tx, o, true);
     }
 
-    /// A spare data file for a shadow of `tx`, if one opens: the largest.
-    /// Its length stays its `len` (the blocks past what the shadow writes
-    /// hold old bytes: a checkpoint renames a shadow into place only when
-    /// every byte below its size is the transaction's, cutting the rest).
-    fn take_spare(&mut self, tx: &Tx) -> Option<u64> {
-        let i = (0..self.spares.len()).max_by_key(|&i| self.spares[i].1)?;
+    /// A spare data file for a shadow of `tx` of a file of `want` bytes, if
+    /// one opens: the smallest that holds `want`, else the largest. Its
+    /// length stays its `len` (the blocks past what the shadow writes hold
+    /// old bytes: a checkpoint renames a shadow into place only when every
+    /// byte below its size is the transaction's, cutting the rest).
+    fn take_spare(&mut self, tx: &Tx, want: u64) -> Option<u64> {
+        let fits = (0..self.spares.len()).filter(|&i| self.spares[i].1 >= want).min_by_key(|&i| self.spares[i].1);
+        let i = fits.or_else(|| (0..self.spares.len()).max_by_key(|&i| self.spares[i].1))?;
         let (id, len) = self.spares.swap_remove(i);
         match self.storage.open_file(&data_path(id), false) {
             Ok(f) => {
@@ -1350,7 +1375,16 @@ impl Engine {
             return Err(e);
         }
         let (pos, changed) = {
-            let mut st = self.lock();
+            // Writes of this transaction still copying into its data files
+            // finish first (`Tx::inflight`).
+            let mut st = loop {
+                let st = self.lock();
+                if st.txs.get(&tx).is_none_or(|t| t.inflight == 0) {
+                    break st;
+                }
+                drop(st);
+                std::thread::sleep(Duration::from_micros(50));
+            };
             let t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
             st.stats.live_txs = st.txs.len() as u64;
             if let Some(p) = st.poisoned.clone() {
@@ -1482,22 +1516,42 @@ impl Engine {
         })?;
         // Spilled bytes are copied without the engine lock: concurrent
         // transactions' big writes do not wait for one another's copies.
-        if let Some((id, at, file)) = reserved {
-            if let Err(e) = file.write_at(at, data) {
-                if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
-                    // Spare data files give their space back: a retry may fit.
-                    self.lock().drop_spares();
-                }
-                return Err(Error::io("spill write", data_path(id).display().to_string(), e));
-            }
+        let Some((id, at, file)) = reserved else { return Ok(data.len()) };
+        let copied = file.write_at(at, data);
+        if copied.is_ok() {
             // On their way to the disk before the commit's sync waits.
             file.start_writeback(at, len);
-            self.run(tx, |st, t| {
-                st.spilled(t, o, off, len, id, at);
-                Ok(())
-            })?;
         }
-        Ok(data.len())
+        let mut st = self.lock();
+        let Some(mut t) = tx.and_then(|id| st.txs.remove(&id)) else {
+            return Err(Error::NoSuchTx(tx.unwrap_or(TxId(0))));
+        };
+        t.inflight -= 1;
+        let doomed = t.doomed.clone();
+        if let (Ok(()), None, None) = (&copied, &doomed, &st.poisoned) {
+            st.spilled(&mut t, o, off, len, id, at);
+        }
+        let id_tx = t.id;
+        st.txs.insert(id_tx, t);
+        if let Some(p) = &st.poisoned {
+            return Err(Error::Poisoned(p.clone()));
+        }
+        match copied {
+            Ok(()) => match doomed {
+                Some(what) => {
+                    st.stats.conflicts += 1;
+                    Err(Error::Conflict { tx: id_tx, what })
+                }
+                None => Ok(data.len()),
+            },
+            Err(e) => {
+                if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+                    // Spare data files give their space back: a retry may fit.
+                    st.drop_spares();
+                }
+                Err(Error::io("spill write", data_path(id).display().to_string(), e))
+            }
+        }
     }
 
     /// Appends at the end of the file as this transaction sees it; returns

@@ -18,7 +18,7 @@ use txfs_engine::storage::{CrashFs, CrashPlan, MemFs, Storage};
 use txfs_engine::{Durability, Engine, ObjId, Options, META_DIR};
 
 /// Transactions keep 8 KiB in memory; no background thread, no automatic
-/// checkpoint.
+/// checkpoint. Files are a few MiB: a rewrite gets its shadow at 1 MiB.
 fn opts() -> Options {
     Options { spill_threshold: 8 << 10, flush_interval: None, checkpoint_bytes: u64::MAX, ..Default::default() }
 }
@@ -27,14 +27,14 @@ fn bytes(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-/// A backing tree with `f` (40 KiB, mode 0640, owner 1000:2000, an xattr),
+/// A backing tree with `f` (2.5 MiB, mode 0640, owner 1000:2000, an xattr),
 /// `g` and its second link `g2`, and `h`.
 fn initial() -> MemFs {
     let m = MemFs::new();
     let p = Path::new;
     for (name, seed) in [("f", 1u8), ("g", 2), ("h", 3)] {
         m.create_file(p(name), 0o644).unwrap();
-        m.write_at(p(name), 0, &bytes(40 << 10, seed)).unwrap();
+        m.write_at(p(name), 0, &bytes(40 << 16, seed)).unwrap();
     }
     m.set_mode(p("f"), 0o640).unwrap();
     m.set_owner(p("f"), 1000, 2000).unwrap();
@@ -72,14 +72,16 @@ fn a_file_rewritten_whole_is_its_shadow_renamed_and_keeps_its_attributes() {
     let tx = engine.begin();
     // f: rewritten whole, and longer. g: the same, but it has two links.
     // h: rewritten from the start but only half of it.
-    let fdata = rewrite(&engine, tx, f, 56 << 10, 10);
-    let gdata = rewrite(&engine, tx, g, 48 << 10, 20);
-    let mut hdata = bytes(40 << 10, 3);
-    hdata[..20 << 10].copy_from_slice(&rewrite(&engine, tx, h, 20 << 10, 30));
+    let fdata = rewrite(&engine, tx, f, 56 << 16, 10);
+    let gdata = rewrite(&engine, tx, g, 48 << 16, 20);
+    let mut hdata = bytes(40 << 16, 3);
+    hdata[..20 << 16].copy_from_slice(&rewrite(&engine, tx, h, 20 << 16, 30));
     // The shadows exist before the commit (the transaction's bytes left
     // memory): f, g and h each have one.
-    assert_eq!(data_files(&*fs), 3, "one shadow per rewritten file");
-    assert_eq!(engine.read(Some(tx), f, 0, 1 << 20).unwrap(), fdata, "the transaction reads its shadow");
+    // The spill file (the first MiB of each file, until its rewrite reached
+    // SHADOW_MIN; all of g, which has two links) and the shadows of f and h.
+    assert_eq!(data_files(&*fs), 3, "a spill file and shadows of f and h");
+    assert_eq!(engine.read(Some(tx), f, 0, 8 << 20).unwrap(), fdata, "the transaction reads its shadow");
     engine.commit(tx, Durability::Durable).unwrap();
     let before = engine.getattr(None, f).unwrap();
     engine.checkpoint().unwrap();
@@ -87,7 +89,7 @@ fn a_file_rewritten_whole_is_its_shadow_renamed_and_keeps_its_attributes() {
     // f is a new inode (its shadow) with the old one's owner, mode, xattr.
     let m = fs.lstat(p("f")).unwrap();
     assert_ne!(m.ino, f0, "f was not replaced by its shadow: its bytes were copied a second time");
-    assert_eq!((m.mode, m.uid, m.gid, m.size), (0o640, 1000, 2000, 56 << 10));
+    assert_eq!((m.mode, m.uid, m.gid, m.size), (0o640, 1000, 2000, 56 << 16));
     assert_eq!(m.mtime, before.mtime, "the committed mtime");
     assert_eq!(fs.get_xattr(p("f"), OsStr::new("user.tag")).unwrap().as_deref(), Some(&b"kept"[..]));
     // g has two names: both must show the new content, so it is copied.
@@ -115,15 +117,15 @@ fn a_file_rewritten_whole_is_its_shadow_renamed_and_keeps_its_attributes() {
     // as its shadow (its allocated blocks are overwritten).
     assert_eq!(obj(&engine, "f"), f);
     let tx = engine.begin();
-    let again = rewrite(&engine, tx, f, 24 << 10, 40);
-    engine.truncate(Some(tx), f, 24 << 10).unwrap();
+    let again = rewrite(&engine, tx, f, 24 << 16, 40);
+    engine.truncate(Some(tx), f, 24 << 16).unwrap();
     engine.commit(tx, Durability::Durable).unwrap();
     let f1 = ino("f");
     engine.checkpoint().unwrap();
     assert_ne!(ino("f"), f1, "the second rewrite (shorter, so truncated) was not replaced");
     assert_eq!(ino("f"), f0, "the second shadow was not the spare");
-    assert_eq!(fs.lstat(p("f")).unwrap().size, 24 << 10);
-    assert_eq!(engine.read(None, f, 0, 1 << 20).unwrap(), again);
+    assert_eq!(fs.lstat(p("f")).unwrap().size, 24 << 16);
+    assert_eq!(engine.read(None, f, 0, 8 << 20).unwrap(), again);
     engine.close().unwrap();
     assert!(leftovers(&*fs).is_empty(), "close drops the spares: {:?}", leftovers(&*fs));
 }
@@ -137,15 +139,15 @@ fn a_later_partial_write_keeps_the_copy() {
     let f = obj(&engine, "f");
     let f0 = fs.lstat(Path::new("f")).unwrap().ino;
     let tx = engine.begin();
-    let mut want = rewrite(&engine, tx, f, 40 << 10, 50);
+    let mut want = rewrite(&engine, tx, f, 40 << 16, 50);
     engine.commit(tx, Durability::Durable).unwrap();
     engine.write(None, f, 100, b"plain").unwrap();
     want[100..105].copy_from_slice(b"plain");
     engine.checkpoint().unwrap();
     assert_eq!(fs.lstat(Path::new("f")).unwrap().ino, f0);
-    assert_eq!(engine.read(None, f, 0, 1 << 20).unwrap(), want);
+    assert_eq!(engine.read(None, f, 0, 8 << 20).unwrap(), want);
     engine.close().unwrap();
-    assert_eq!(fs.read_at(Path::new("f"), 0, &mut vec![0; 1 << 20]).unwrap(), want.len());
+    assert_eq!(fs.read_at(Path::new("f"), 0, &mut vec![0; 8 << 20]).unwrap(), want.len());
 }
 
 #[test]
@@ -154,11 +156,11 @@ fn an_aborted_rewrite_leaves_no_shadow() {
     let engine = Engine::open(fs.clone(), opts()).unwrap();
     let f = obj(&engine, "f");
     let tx = engine.begin();
-    rewrite(&engine, tx, f, 40 << 10, 60);
-    assert_eq!(data_files(&*fs), 1);
+    rewrite(&engine, tx, f, 40 << 16, 60);
+    assert_eq!(data_files(&*fs), 2, "its spill file (the first MiB) and its shadow");
     engine.abort(tx).unwrap();
     assert_eq!(data_files(&*fs), 0);
-    assert_eq!(engine.read(None, f, 0, 1 << 20).unwrap(), bytes(40 << 10, 1));
+    assert_eq!(engine.read(None, f, 0, 8 << 20).unwrap(), bytes(40 << 16, 1));
 }
 
 /// The checkpoint that replaces `f`, killed after each of its storage
@@ -175,15 +177,15 @@ fn a_replacing_checkpoint_killed_at_every_step() {
         let engine = Engine::open(fs.clone(), opts()).unwrap();
         let f = obj(&engine, "f");
         // A first rewrite leaves f's old inode as a spare (old bytes in all
-        // of its 40 KiB); the second takes it as its shadow.
+        // of its 2.5 MiB); the second takes it as its shadow.
         let tx = engine.begin();
-        rewrite(&engine, tx, f, 40 << 10, 69);
+        rewrite(&engine, tx, f, 40 << 16, 69);
         engine.commit(tx, Durability::Durable).unwrap();
         engine.checkpoint().unwrap();
         let tx = engine.begin();
-        rewrite(&engine, tx, f, 44 << 10, 70);
+        rewrite(&engine, tx, f, 44 << 16, 70);
         // Shorter in the end: the shadow holds bytes past the final size.
-        engine.truncate(Some(tx), f, 30 << 10).unwrap();
+        engine.truncate(Some(tx), f, 30 << 16).unwrap();
         engine.commit(tx, Durability::Durable).unwrap();
         let want = dump_engine(&engine, None);
         let f0 = fs.lstat(Path::new("f")).unwrap().ino;
@@ -223,13 +225,15 @@ fn a_new_file_rewritten_before_its_checkpoint_is_its_shadow_renamed() {
     let fs = Arc::new(MemFs::new());
     let engine = Engine::open(fs.clone(), opts()).unwrap();
     let n = engine.create(None, ObjId::ROOT, OsStr::new("n"), 0o600, 0, 0).unwrap().obj;
-    engine.write(None, n, 0, &bytes(40 << 10, 5)).unwrap();
+    engine.write(None, n, 0, &bytes(40 << 16, 5)).unwrap();
     engine.link(None, n, ObjId::ROOT, OsStr::new("n2")).unwrap();
     let tx = engine.begin();
-    let want = rewrite(&engine, tx, n, 40 << 10, 6);
+    let want = rewrite(&engine, tx, n, 40 << 16, 6);
     engine.commit(tx, Durability::Durable).unwrap();
     let dir = Path::new(META_DIR).join("data");
-    // The plain write spilled (8 KiB of memory); the shadow came after it.
+    // The plain write spilled (8 KiB of memory), so did the rewrite's
+    // first MiB, until its shadow took those bytes (the commit then
+    // dropped the transaction's spill file, which nothing named).
     let mut files: Vec<_> = fs.read_dir(&dir).unwrap().into_iter().map(|(n, _)| n).collect();
     files.sort();
     assert_eq!(files.len(), 2, "the plain write's spill file and the rewrite's shadow");
@@ -239,9 +243,101 @@ fn a_new_file_rewritten_before_its_checkpoint_is_its_shadow_renamed() {
     assert_eq!(m.ino, shadow_ino, "n is not its shadow renamed: its bytes were copied a second time");
     assert_eq!((m.mode, m.nlink), (0o600, 2));
     assert_eq!(fs.lstat(Path::new("n2")).unwrap().ino, shadow_ino, "both names are one inode");
-    assert_eq!(engine.read(None, n, 0, 1 << 20).unwrap(), want);
+    assert_eq!(engine.read(None, n, 0, 8 << 20).unwrap(), want);
     engine.close().unwrap();
-    let mut buf = vec![0; 1 << 20];
+    let mut buf = vec![0; 8 << 20];
     let k = fs.read_at(Path::new("n2"), 0, &mut buf).unwrap();
     assert_eq!(&buf[..k], &want[..]);
+}
+
+#[test]
+fn a_spare_brings_none_of_its_old_files_xattrs() {
+    // f (with user.tag) is replaced; its old inode is a spare; h (no
+    // xattrs, same size) is rewritten next and takes that spare.
+    let fs = Arc::new(initial());
+    let engine = Engine::open(fs.clone(), opts()).unwrap();
+    let (f, h) = (obj(&engine, "f"), obj(&engine, "h"));
+    let f0 = fs.lstat(Path::new("f")).unwrap().ino;
+    for (o, seed) in [(f, 80u8), (h, 81)] {
+        let tx = engine.begin();
+        rewrite(&engine, tx, o, 40 << 16, seed);
+        engine.commit(tx, Durability::Durable).unwrap();
+        engine.checkpoint().unwrap();
+    }
+    let m = fs.lstat(Path::new("h")).unwrap();
+    assert_eq!(m.ino, f0, "h's shadow was not f's old inode: the test did not reuse the spare");
+    assert_eq!((m.mode, m.uid, m.gid), (0o644, 0, 0), "h has f's old owner or mode");
+    assert_eq!(fs.list_xattrs(Path::new("h")).unwrap(), Vec::<std::ffi::OsString>::new(), "h has f's xattrs");
+    assert_eq!(engine.listxattr(None, h).unwrap(), Vec::<std::ffi::OsString>::new());
+    engine.close().unwrap();
+}
+
+/// A backing file system where the daemon may not chown (not root, NFS
+/// root_squash) nor make hard links.
+struct NoChown {
+    inner: MemFs,
+}
+
+impl Storage for NoChown {
+    common::pass_through!(inner: lstat, read_dir, read_at, write_at, set_len, create_file, mkdir, symlink, readlink, rename, unlink, rmdir, set_mode, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
+    fn set_owner(&self, _: &Path, _: u32, _: u32) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EPERM))
+    }
+    fn link(&self, _: &Path, _: &Path) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EPERM))
+    }
+}
+
+#[test]
+fn a_shadow_that_cannot_take_the_owner_is_copied_and_nothing_is_poisoned() {
+    let fs = Arc::new(NoChown { inner: initial() });
+    let engine = Engine::open(fs.clone(), opts()).unwrap();
+    let f = obj(&engine, "f");
+    let f0 = fs.lstat(Path::new("f")).unwrap().ino;
+    let tx = engine.begin();
+    let want = rewrite(&engine, tx, f, 40 << 16, 90);
+    engine.commit(tx, Durability::Durable).unwrap();
+    engine.checkpoint().expect("a checkpoint that cannot chown the shadow copies it instead");
+    let m = fs.lstat(Path::new("f")).unwrap();
+    assert_eq!((m.ino, m.uid, m.gid, m.mode), (f0, 1000, 2000, 0o640), "f was copied into, in place");
+    assert_eq!(engine.read(None, f, 0, 8 << 20).unwrap(), want);
+    engine.write(None, f, 0, b"still healthy").unwrap();
+    engine.close().unwrap();
+    assert!(leftovers(&*fs).is_empty());
+}
+
+/// A shadow holds its bytes where the committed delta points once the
+/// transaction commits, so a write of the transaction still copying into it
+/// (another thread's, outside the engine lock) must land before the commit,
+/// never after: a late one would change committed content without being
+/// durable (a power cut then shows other bytes than readers saw). The
+/// commit waits for such writes.
+#[test]
+fn a_write_still_copying_when_its_transaction_commits_lands_before_the_commit() {
+    for round in 0..40u64 {
+        let fs = Arc::new(CrashFs::new(initial()));
+        let engine = Engine::open(fs.clone(), opts()).unwrap();
+        let f = obj(&engine, "f");
+        let tx = engine.begin();
+        rewrite(&engine, tx, f, 40 << 16, 1);
+        let seen = std::thread::scope(|sc| {
+            let writer = sc.spawn(|| {
+                for i in 0u8.. {
+                    if engine.write(Some(tx), f, 0, &bytes(1 << 20, i)).is_err() {
+                        break;
+                    }
+                }
+            });
+            std::thread::sleep(std::time::Duration::from_micros(200 + round * 37));
+            engine.commit(tx, Durability::Durable).unwrap();
+            writer.join().unwrap();
+            engine.read(None, f, 0, 8 << 20).unwrap()
+        });
+        drop(engine);
+        let img = Arc::new(fs.crash(&mut CrashPlan::drop_all()));
+        let engine = Engine::open(img, opts()).unwrap();
+        let f = obj(&engine, "f");
+        let got = engine.read(None, f, 0, 8 << 20).unwrap();
+        assert!(got == seen, "round {round}: a power cut after the durable commit shows other bytes than readers saw");
+    }
 }
