@@ -106,12 +106,13 @@ class Counters:
 class Mount:
     """A txfs daemon in the foreground (so its pid is ours), logging at warn."""
 
-    def __init__(self, ctx, backing: str, point: str) -> None:
+    def __init__(self, ctx, backing: str, point: str, env_extra: dict | None = None) -> None:
         self.ctx, self.backing, self.point = ctx, backing, point
         os.makedirs(backing, exist_ok=True)
         os.makedirs(point, exist_ok=True)
         self.sync_file = backing + ".syncs"
         env = dict(os.environ, TXFS_LOG="warn", LD_PRELOAD=ctx.shim, BENCH_FSYNC_FILE=self.sync_file)
+        env.update(env_extra or {})
         self.logf = open(backing + ".log", "ab")
         self.proc = subprocess.Popen([ctx.txfs, "mount", "-f", backing, point], env=env,
                                      stdout=self.logf, stderr=self.logf)
@@ -645,11 +646,14 @@ def w10(ctx: Ctx) -> None:
         ctx.notes.append(f"W10: daemon peak RSS (VmHWM) during the {mb} MiB transaction: {peak:.0f} MiB (target ≤ 256 MiB).")
         m.umount()
         # recovery: a fresh mount whose backing already holds the file (written natively), one
-        # transaction overwriting it, SIGKILL right after the commit, then `txfs recover`
+        # transaction overwriting it, SIGKILL right after the commit, then `txfs recover`. The
+        # transaction keeps all of it in memory (TXFS_SPILL_BYTES), so its record carries the
+        # bytes and recovery replays the journal: an overwrite past the default 64 MiB would
+        # be a shadow data file, which recovery renames into place (DESIGN §2a).
         rb = os.path.join(ctx.root, "backing-rec")
         os.makedirs(rb)
         sh(ctx.drivers, "bigtx", "native", rb, rec_mb, "victim", stdout=subprocess.DEVNULL)
-        m = Mount(ctx, rb, f"/tmp/bench-{ctx.tag}-rec")
+        m = Mount(ctx, rb, f"/tmp/bench-{ctx.tag}-rec", {"TXFS_SPILL_BYTES": str((rec_mb + 16) << 20)})
         ctx.counters.daemon_pid, ctx.counters.daemon_sync_file, ctx.mnt = m.proc.pid, m.sync_file, m.point
         trial(ctx, drv(ctx, "bigtx", "txfs", m.point, rec_mb, "victim", m.proc.pid))
         m.proc.wait(timeout=60)
@@ -662,7 +666,9 @@ def w10(ctx: Ctx) -> None:
         mbytes = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(meta) for f in fs)
         ctx.notes.append(f"W10: after SIGKILL, .txfs/journal held {jbytes / 2**20:.0f} MiB and .txfs/data "
                          f"{dbytes / 2**20:.0f} MiB (all of .txfs/: {mbytes / 2**20:.0f} MiB) for a {rec_mb} MiB "
-                         "overwrite (the transaction's data past 64 MiB is a data file the record names). A 1 GiB "
+                         "overwrite (that mount keeps the whole transaction in memory, so the record carries its "
+                         "bytes; with the default 64 MiB the overwrite would be a shadow data file that recovery "
+                         "renames into place instead of copying). A 1 GiB "
                          "journal cannot be left behind with the default options: a commit that takes the journal "
                          "and data files past checkpoint_bytes (256 MiB) checkpoints them, so the recovery is "
                          "measured below that size.")
