@@ -469,7 +469,7 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         let (Some(bp), Some(to)) = (st.base_path(*o), final_path(st, *o)) else { continue };
         let m = st.storage.lstat(&bp).ctx("checkpoint stat", || bp.display().to_string())?;
         let size = od.file.as_ref().map_or(0, |f| f.size_after(m.size));
-        if m.kind == FileKind::File && m.nlink == 1 && end >= size {
+        if m.kind == FileKind::File && m.nlink == 1 && end >= size && st.storage.privileged() {
             match prepare_shadow(&*st.storage, &data_path(id), &bp) {
                 Ok(()) => {
                     replace.insert(*o, (id, size, to, m.size));
@@ -743,6 +743,11 @@ fn prepare_shadow(s: &dyn Storage, data: &Path, to: &Path) -> std::io::Result<()
 fn replace_file(s: &dyn Storage, data: &Path, to: &Path, size: u64, keep: Option<&Path>) -> Result<()> {
     let what = || to.display().to_string();
     let dwhat = || data.display().to_string();
+    // Again, while `to` is still the old inode: on a file system that does
+    // not make one file's attribute changes durable with another's fsync,
+    // a replay after a crash still renames a shadow with the file's owner,
+    // mode and xattrs. Best effort: `build` did it once already.
+    let _ = prepare_shadow(s, data, to);
     s.set_len(data, size).ctx("checkpoint replace", dwhat)?;
     if let Some(k) = keep {
         if !exists(s, k)? {

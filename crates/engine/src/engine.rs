@@ -193,6 +193,9 @@ pub(crate) struct Tx {
     /// sit where the committed delta points, so a copy landing after the
     /// commit would change committed content.
     pub inflight: u32,
+    /// Its commit is waiting for `inflight`: new writes take the locked
+    /// path, so a stream of writes from other threads cannot starve it.
+    pub committing: bool,
 }
 
 impl Tx {
@@ -216,6 +219,7 @@ impl Tx {
             data_dirty: false,
             explicit: Default::default(),
             inflight: 0,
+            committing: false,
         }
     }
 }
@@ -960,6 +964,9 @@ impl State {
         off: u64,
         len: u64,
     ) -> Result<Option<(u64, u64, Arc<dyn StoredFile>)>> {
+        if tx.committing {
+            return Ok(None);
+        }
         let fits = len > 0 && off.checked_add(len).is_some_and(|e| e <= i64::MAX as u64);
         if let Some(id) = if fits { self.shadow(tx, o, off, len)? } else { None } {
             let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
@@ -1020,7 +1027,9 @@ impl State {
         }
         let pieces: Vec<_> =
             mine.map_or(Vec::new(), |f| f.ext.iter().map(|(at, e)| (at, e.len, e.loc.clone())).collect());
-        let want = self.attr_unrecorded(Some(tx), o)?.size;
+        // After O_TRUNC the transaction sees a short file: the tree's size
+        // says more about how big the rewrite will be.
+        let want = self.attr_unrecorded(Some(tx), o)?.size.max(self.attr_unrecorded(None, o)?.size);
         let id = match self.take_spare(tx, want) {
             Some(id) => id,
             None => self.new_data_file(tx, "shadow")?,
@@ -1378,9 +1387,10 @@ impl Engine {
             // Writes of this transaction still copying into its data files
             // finish first (`Tx::inflight`).
             let mut st = loop {
-                let st = self.lock();
-                if st.txs.get(&tx).is_none_or(|t| t.inflight == 0) {
-                    break st;
+                let mut st = self.lock();
+                match st.txs.get_mut(&tx) {
+                    Some(t) if t.inflight > 0 => t.committing = true,
+                    _ => break st,
                 }
                 drop(st);
                 std::thread::sleep(Duration::from_micros(50));

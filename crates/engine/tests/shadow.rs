@@ -322,8 +322,8 @@ fn a_write_still_copying_when_its_transaction_commits_lands_before_the_commit() 
         rewrite(&engine, tx, f, 40 << 16, 1);
         let seen = std::thread::scope(|sc| {
             let writer = sc.spawn(|| {
-                for i in 0u8.. {
-                    if engine.write(Some(tx), f, 0, &bytes(1 << 20, i)).is_err() {
+                for i in 0u64.. {
+                    if engine.write(Some(tx), f, 0, &bytes(1 << 20, i as u8)).is_err() {
                         break;
                     }
                 }
@@ -340,4 +340,34 @@ fn a_write_still_copying_when_its_transaction_commits_lands_before_the_commit() 
         let got = engine.read(None, f, 0, 8 << 20).unwrap();
         assert!(got == seen, "round {round}: a power cut after the durable commit shows other bytes than readers saw");
     }
+}
+
+/// A daemon that is not root: a shadow given a mode like 0200 could not be
+/// opened again by the plan that renames it, so shadows are copied.
+struct Unprivileged {
+    inner: MemFs,
+}
+
+impl Storage for Unprivileged {
+    common::pass_through!(inner: lstat, read_dir, read_at, write_at, set_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
+    fn privileged(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn an_unprivileged_daemon_copies_shadows() {
+    let fs = Arc::new(Unprivileged { inner: initial() });
+    fs.set_mode(Path::new("f"), 0o200).unwrap();
+    let engine = Engine::open(fs.clone(), opts()).unwrap();
+    let f = obj(&engine, "f");
+    let f0 = fs.lstat(Path::new("f")).unwrap().ino;
+    let tx = engine.begin();
+    let want = rewrite(&engine, tx, f, 40 << 16, 95);
+    engine.commit(tx, Durability::Durable).unwrap();
+    assert_eq!(data_files(&*fs), 1, "the rewrite has its shadow");
+    engine.checkpoint().unwrap();
+    assert_eq!(fs.lstat(Path::new("f")).unwrap().ino, f0, "replaced although the daemon is not root");
+    assert_eq!(engine.read(None, f, 0, 8 << 20).unwrap(), want);
+    engine.close().unwrap();
 }

@@ -177,6 +177,12 @@ impl StoredFile for FailFile {
 }
 
 impl Storage for FailFs {
+    fn privileged(&self) -> bool {
+        self.inner.privileged()
+    }
+    fn free_bytes(&self) -> io::Result<Option<u64>> {
+        self.inner.free_bytes()
+    }
     fn lstat(&self, path: &Path) -> io::Result<Meta> {
         self.inner.lstat(path)
     }

@@ -150,4 +150,12 @@ pub trait Storage: Send + Sync + 'static {
     fn free_bytes(&self) -> io::Result<Option<u64>> {
         Ok(None)
     }
+    /// Whether the engine may give a file any owner and mode and still open
+    /// it (root: `CAP_CHOWN`, `CAP_DAC_OVERRIDE`). Only then does a
+    /// checkpoint rename a shadow over a file (DESIGN §2a): a data file
+    /// given a mode like 0200 must stay openable by the plan that renames
+    /// it, or the plan could never finish.
+    fn privileged(&self) -> bool {
+        true
+    }
 }

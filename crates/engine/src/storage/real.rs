@@ -292,6 +292,10 @@ fn xattr_buf(mut call: impl FnMut(*mut libc::c_void, usize) -> isize) -> io::Res
 }
 
 impl Storage for RealFs {
+    fn privileged(&self) -> bool {
+        // SAFETY: no arguments, cannot fail.
+        unsafe { libc::geteuid() == 0 }
+    }
     fn free_bytes(&self) -> io::Result<Option<u64>> {
         // SAFETY: fstatvfs into a zeroed struct on our own descriptor.
         let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
