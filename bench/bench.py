@@ -647,13 +647,14 @@ def w10(ctx: Ctx) -> None:
         m.umount()
         # recovery: a fresh mount whose backing already holds the file (written natively), one
         # transaction overwriting it, SIGKILL right after the commit, then `txfs recover`. The
-        # transaction keeps all of it in memory (TXFS_SPILL_BYTES), so its record carries the
-        # bytes and recovery replays the journal: an overwrite past the default 64 MiB would
-        # be a shadow data file, which recovery renames into place (DESIGN §2a).
+        # transaction keeps all of it in memory (TXFS_SPILL_BYTES, TXFS_STAGE_BYTES), so its
+        # record carries the bytes and recovery replays the journal: with the defaults the
+        # overwrite would be a shadow data file, which recovery renames into place (DESIGN §2a).
         rb = os.path.join(ctx.root, "backing-rec")
         os.makedirs(rb)
         sh(ctx.drivers, "bigtx", "native", rb, rec_mb, "victim", stdout=subprocess.DEVNULL)
-        m = Mount(ctx, rb, f"/tmp/bench-{ctx.tag}-rec", {"TXFS_SPILL_BYTES": str((rec_mb + 16) << 20)})
+        m = Mount(ctx, rb, f"/tmp/bench-{ctx.tag}-rec", {"TXFS_SPILL_BYTES": str((rec_mb + 16) << 20),
+                                                             "TXFS_STAGE_BYTES": str((rec_mb + 16) << 20)})
         ctx.counters.daemon_pid, ctx.counters.daemon_sync_file, ctx.mnt = m.proc.pid, m.sync_file, m.point
         trial(ctx, drv(ctx, "bigtx", "txfs", m.point, rec_mb, "victim", m.proc.pid))
         m.proc.wait(timeout=60)
@@ -667,7 +668,7 @@ def w10(ctx: Ctx) -> None:
         ctx.notes.append(f"W10: after SIGKILL, .txfs/journal held {jbytes / 2**20:.0f} MiB and .txfs/data "
                          f"{dbytes / 2**20:.0f} MiB (all of .txfs/: {mbytes / 2**20:.0f} MiB) for a {rec_mb} MiB "
                          "overwrite (that mount keeps the whole transaction in memory, so the record carries its "
-                         "bytes; with the default 64 MiB the overwrite would be a shadow data file that recovery "
+                         "bytes; with the defaults the overwrite would be a shadow data file that recovery "
                          "renames into place instead of copying). A 1 GiB "
                          "journal cannot be left behind with the default options: a commit that takes the journal "
                          "and data files past checkpoint_bytes (256 MiB) checkpoints them, so the recovery is "

@@ -179,9 +179,9 @@ pub(crate) struct Tx {
     pub spill: Option<(u64, u64)>,
     /// Files it created whose content is staged in a data file.
     pub staged: HashMap<ObjId, u64>,
-    /// Existing files it rewrites from the start, past its memory: their
-    /// shadow data files, which hold its bytes at the files' own offsets
-    /// (DESIGN §2a).
+    /// Existing files it rewrites from the start, past `stage_threshold` or
+    /// its memory: their shadow data files, which hold its bytes at the
+    /// files' own offsets (DESIGN §2a).
     pub shadows: HashMap<ObjId, u64>,
     /// A data file of this transaction was written since it was last synced.
     pub data_dirty: bool,
@@ -1002,7 +1002,8 @@ impl State {
     /// created by a committed transaction) that `tx` rewrites from its
     /// start — its bytes are exactly everything below `off`, at most its
     /// memory budget, and this write reaches [`SHADOW_MIN`] — gets one when
-    /// this write would leave memory. `tx`'s bytes of `o` are moved into it
+    /// this write reaches `stage_threshold` (as a new file is staged) or
+    /// would leave memory. `tx`'s bytes of `o` are moved into it
     /// once; from then on every write of `o` goes there, at its own offset.
     /// A checkpoint renames the shadow into place when it is all of the
     /// committed content (DESIGN §2a): those bytes are written once.
@@ -1010,7 +1011,9 @@ impl State {
         if let Some(&id) = tx.shadows.get(&o) {
             return Ok(Some(id));
         }
-        if tx.mem_bytes + len <= self.spill_threshold
+        // Like a new file's staging: once the rewrite reaches
+        // `stage_threshold`, or its bytes would leave memory.
+        if (tx.mem_bytes + len <= self.spill_threshold && off + len < self.stage_threshold)
             || tx.delta.created.contains_key(&o)
             || self.kind_in(Some(tx), o)? != FileKind::File
         {
