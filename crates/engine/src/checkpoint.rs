@@ -259,8 +259,8 @@ struct NodeUpdates {
     in_place: Vec<ObjId>,
     /// Existing files replaced by their shadow: a new backing inode.
     replaced: Vec<ObjId>,
-    /// Old inodes kept as spare data files: `(id, length)`.
-    spares: Vec<(u64, u64)>,
+    /// Ids of the data files that old inodes are kept as (spares).
+    spares: Vec<u64>,
 }
 
 /// Computes the plan for the committed delta.
@@ -550,7 +550,7 @@ fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             kept += old;
             let k = st.next_data;
             st.next_data += 1;
-            upd.spares.push((k, *old));
+            upd.spares.push(k);
             bytes(&data_path(k))
         });
         plan.place.push(Place::Replace { data: bytes(&data_path(*id)), to: bytes(to), size: *size, keep });
@@ -1129,7 +1129,7 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
             }
         }
     }
-    for (k, _) in upd.spares {
+    for k in upd.spares {
         // The link may not have been allowed (replace_file).
         if let Ok(m) = storage.lstat(&data_path(k)) {
             st.spares.push((k, m.size));

@@ -202,23 +202,6 @@ impl FileDelta {
         FileDelta { cut: 0, size: SizeDelta::Exactly(size), ext }
     }
 
-    /// The data file this delta is exactly (see [`FileDelta::staged`]), if
-    /// it is one: nothing changed it since it was staged.
-    pub fn staged_file(&self) -> Option<(u64, u64)> {
-        let SizeDelta::Exactly(size) = self.size else { return None };
-        if self.cut != 0 {
-            return None;
-        }
-        let mut it = self.ext.iter();
-        match (it.next(), it.next()) {
-            (Some((0, e)), None) if e.len == size => match e.loc {
-                DataLoc::File(f, 0) => Some((f, size)),
-                _ => None,
-            },
-            _ => None,
-        }
-    }
-
     /// The data file whose bytes, at their own offsets, are all of this
     /// delta's extents, contiguous from offset 0 (a shadow: DESIGN §2a),
     /// and where those extents end. `None` if any byte below that end comes

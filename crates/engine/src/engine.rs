@@ -1042,21 +1042,10 @@ impl State {
         // they did.
         tx.shadows.insert(o, id);
         tx.data_dirty = true;
-        let what = || data_path(id).display().to_string();
         let end = pieces.iter().map(|(at, l, _)| at + l).max().unwrap_or(0);
         let df = self.data_files.get_mut(&id).expect("just made");
         df.len = df.len.max(end);
-        let mut buf = Vec::new();
-        for (at, l, loc) in &pieces {
-            let mut done = 0u64;
-            while done < *l {
-                let n = ((l - done) as usize).min(1 << 20);
-                buf.resize(n, 0);
-                self.fetch(&loc.advance(done), &mut buf).ctx("shadow", what)?;
-                self.data_files[&id].writer()?.write_at(at + done, &buf).ctx("shadow", what)?;
-                done += n as u64;
-            }
-        }
+        self.copy_into(id, &pieces, "shadow")?;
         let f = tx.delta.obj(o).file.get_or_insert_with(FileDelta::default);
         for (at, l, loc) in &pieces {
             f.write(*at, *l, DataLoc::File(id, *at));
@@ -1074,6 +1063,27 @@ impl State {
         tx.data_dirty = true;
         tx.delta.obj(o).file.get_or_insert_with(FileDelta::default).write(off, len, DataLoc::File(id, at));
         Self::touch(tx, o, true);
+    }
+
+    /// Copies extents' bytes into the data file `id`, each at its own file
+    /// offset, a MiB at a time (staging and shadows move a transaction's
+    /// bytes into their file once).
+    fn copy_into(&self, id: u64, pieces: &[(u64, u64, DataLoc)], op: &'static str) -> Result<()> {
+        let what = || data_path(id).display().to_string();
+        let file =
+            self.data_files.get(&id).ok_or_else(|| Error::Poisoned(format!("{op}: data file gone")))?.writer()?;
+        let mut buf = Vec::new();
+        for (at, len, loc) in pieces {
+            let mut done = 0u64;
+            while done < *len {
+                let n = ((len - done) as usize).min(1 << 20);
+                buf.resize(n, 0);
+                self.fetch(&loc.advance(done), &mut buf).ctx(op, what)?;
+                file.write_at(at + done, &buf).ctx(op, what)?;
+                done += n as u64;
+            }
+        }
+        Ok(())
     }
 
     /// A spare data file for a shadow of `tx` of a file of `want` bytes, if
@@ -1156,21 +1166,13 @@ impl State {
         // A new file's content is its extents over nothing (holes are zeros).
         let pieces =
             tx.delta.objs.get(&o).and_then(|od| od.file.as_ref()).map_or(Vec::new(), |f| f.ext.pieces(0, size));
-        let mut buf = Vec::new();
-        for (off, len, loc) in pieces {
+        for (_, len, loc) in &pieces {
             if let DataLoc::Mem(..) = loc {
                 // Those bytes leave memory once the delta points here.
-                tx.mem_bytes = tx.mem_bytes.saturating_sub(len);
-            }
-            let mut done = 0u64;
-            while done < len {
-                let n = ((len - done) as usize).min(1 << 20);
-                buf.resize(n, 0);
-                self.fetch(&loc.advance(done), &mut buf).ctx("stage", what)?;
-                self.data_files[&id].writer()?.write_at(off + done, &buf).ctx("stage", what)?;
-                done += n as u64;
+                tx.mem_bytes = tx.mem_bytes.saturating_sub(*len);
             }
         }
+        self.copy_into(id, &pieces, "stage")?;
         let df = self.data_files.get_mut(&id).expect("just made");
         df.writer()?.set_len(size).ctx("stage", what)?;
         df.len = size;
