@@ -101,6 +101,18 @@ pub struct CacheGate {
     closing: Mutex<()>,
     /// The epoch could not be bumped once: never cache again.
     broken: std::sync::atomic::AtomicBool,
+    /// Live transactions that leave the gate open: `txfs run` views whose
+    /// process tree had no way into this mount but requests when it began
+    /// (DESIGN §9, "Views leave the gate open"). The gate reopens once
+    /// every live transaction is one of these. Lock order: `closing`,
+    /// `state`, `free`.
+    free: Mutex<std::collections::HashSet<TxId>>,
+    /// `free` is not empty: the fast path of every request.
+    any_free: std::sync::atomic::AtomicBool,
+    /// Replies sent with a nonzero TTL, and gate closes that dropped
+    /// something (`txfs status`).
+    cached_replies: AtomicU64,
+    closes: AtomicU64,
 }
 
 /// What the shared mount keeps of a transaction view it serves: enough to
@@ -170,6 +182,7 @@ impl CacheGate {
         let g = self.state.read();
         if g.0 && g.1 == ticket && tx.is_none() && ino < PRIVATE_BASE {
             self.cached.lock().insert(ino);
+            self.cached_replies.fetch_add(1, Ordering::Relaxed);
             let r = send(&CACHE_TTL);
             drop(g);
             return r;
@@ -196,6 +209,47 @@ impl CacheGate {
         begin()
     }
 
+    /// Begins a transaction that leaves the gate as it is (a view whose
+    /// tree cannot reach this mount but by requests, which [`pin`] it).
+    /// Under `closing`: no reopen counts the live transactions between the
+    /// begin and its entry in `free`.
+    ///
+    /// [`pin`]: CacheGate::pin
+    fn begin_free(&self, begin: impl FnOnce() -> TxId) -> TxId {
+        let _closing = self.closing.lock();
+        let tx = begin();
+        self.free.lock().insert(tx);
+        self.any_free.store(true, Ordering::SeqCst);
+        tx
+    }
+
+    /// From now on `tx` keeps the gate shut like any transaction: one of
+    /// its processes sent a request to this mount (what it read from the
+    /// kernel's caches would miss its read set, and what it changes must
+    /// not be cached for others), or it commits (everything cached of
+    /// what it changed must go before anyone can read the change). Closes
+    /// the gate first if it is open.
+    fn pin(&self, tx: TxId, notifier: Option<&fuser::Notifier>) {
+        if !self.any_free.load(Ordering::SeqCst) || !self.free.lock().contains(&tx) {
+            return;
+        }
+        self.close_then(notifier, || self.unfree(tx));
+    }
+
+    /// `tx` is no longer one that leaves the gate open (pinned, or ended).
+    fn unfree(&self, tx: TxId) {
+        let mut f = self.free.lock();
+        if f.remove(&tx) {
+            self.any_free.store(!f.is_empty(), Ordering::SeqCst);
+        }
+    }
+
+    /// Open or shut, replies cached and closes so far (`txfs status`).
+    fn counters(&self) -> [u64; 3] {
+        let open = self.state.read().0 && !self.broken.load(Ordering::SeqCst);
+        [u64::from(open), self.cached_replies.load(Ordering::Relaxed), self.closes.load(Ordering::Relaxed)]
+    }
+
     /// Drops every entry (the epoch) and attribute the kernel may cache.
     /// Every cacheable reply names its node in `cached`, so when that is
     /// empty nothing was cached since the gate opened (what was, before the
@@ -207,6 +261,7 @@ impl CacheGate {
         if cached.is_empty() {
             return;
         }
+        self.closes.fetch_add(1, Ordering::Relaxed);
         if let Some(dev) = self.dev.get() {
             if let Err(e) = inc_epoch(dev) {
                 tracing::error!("FUSE_NOTIFY_INC_EPOCH failed ({e}): no more kernel caching on this mount");
@@ -222,14 +277,14 @@ impl CacheGate {
         }
     }
 
-    /// Reopens the gate if no transaction is live.
+    /// Reopens the gate if every live transaction leaves it open.
     fn reopen(&self, engine: &Engine) {
         if self.dev.get().is_none() || self.broken.load(Ordering::SeqCst) {
             return;
         }
         let _closing = self.closing.lock();
         let mut g = self.state.write();
-        if !g.0 && engine.live_txs() == 0 {
+        if !g.0 && engine.live_txs() == self.free.lock().len() {
             *g = (true, g.1 + 1);
         }
     }
@@ -309,6 +364,10 @@ pub struct TxFs {
     views: Views,
     /// Node ids whose pages the kernel may cache (see [`Paged`]).
     paged: Arc<Paged>,
+    /// Where this (shared) mount is mounted, as the daemon sees it.
+    pub point: std::sync::OnceLock<PathBuf>,
+    /// LOOKUP and GETATTR requests served (`txfs status`).
+    attr_requests: AtomicU64,
 }
 
 /// The node ids of the shared mount that may have pages in the kernel's
@@ -358,22 +417,29 @@ fn all_ids(private: &Mutex<Private>, objs: Vec<ObjId>) -> Vec<ObjId> {
 /// returns the node ids whose cached pages must go before anyone hears of
 /// it: every id of the files a commit changed, and the transaction's own
 /// private nodes either way (their pages hold its view).
+/// A transaction that left the gate open shuts it for its commit (`notifier`
+/// drops the attributes cached meanwhile).
 fn end_tx(
     engine: &Engine,
     private: &Mutex<Private>,
     gate: &CacheGate,
+    notifier: Option<&fuser::Notifier>,
     views: &Mutex<HashMap<TxId, ViewLink>>,
     tx: TxId,
     commit: Option<Durability>,
 ) -> (Result<(), Error>, Vec<ObjId>) {
     let own: Vec<ObjId> = private.lock().of_tx.remove(&tx).unwrap_or_default().into_iter().map(ObjId).collect();
     let (r, changed) = match commit {
-        Some(d) => match engine.commit_changes(tx, d) {
-            Ok(changed) => (Ok(()), changed),
-            Err(e) => (Err(e), Vec::new()),
-        },
+        Some(d) => {
+            gate.pin(tx, notifier);
+            match engine.commit_changes(tx, d) {
+                Ok(changed) => (Ok(()), changed),
+                Err(e) => (Err(e), Vec::new()),
+            }
+        }
         None => (engine.abort(tx), Vec::new()),
     };
+    gate.unfree(tx);
     gate.reopen(engine);
     if let Some(v) = views.lock().remove(&tx) {
         v.end();
@@ -518,7 +584,7 @@ impl TxFs {
                 std::thread::sleep(Duration::from_millis(250));
                 for dead in t.reap() {
                     tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
-                    let (_, pages) = end_tx(&e, &p, &g, &vs, dead, None);
+                    let (_, pages) = end_tx(&e, &p, &g, None, &vs, dead, None);
                     let _ = inval.send((pg.keep(pages), Box::new(|| {})));
                 }
             })
@@ -537,6 +603,8 @@ impl TxFs {
             view: None,
             views,
             paged,
+            point: std::sync::OnceLock::new(),
+            attr_requests: AtomicU64::new(0),
         }
     }
 
@@ -559,6 +627,8 @@ impl TxFs {
             view: Some(tx),
             views: Arc::default(),
             paged: Arc::default(),
+            point: std::sync::OnceLock::new(),
+            attr_requests: AtomicU64::new(0),
         }
     }
 
@@ -616,6 +686,17 @@ impl TxFs {
         let transport = if uring { "io_uring" } else { "/dev/fuse" };
         tracing::info!(%tx, caller, "serving a transaction view over {transport}");
         Ok(())
+    }
+
+    /// How process `pid` (a `txfs run` child about to exec, its view
+    /// mounted) could reach this mount other than by requests: `None` if it
+    /// cannot (see [`txmap::way_into`]), else why it can.
+    fn way_in(&self, pid: u32) -> Option<String> {
+        let Some(point) = self.point.get() else { return Some("mount point unknown".into()) };
+        match txmap::dev_of(point) {
+            Ok(dev) => txmap::way_into(pid, dev),
+            Err(e) => Some(format!("{}: {e}", point.display())),
+        }
     }
 
     /// A change by `tx` through this (shared) mount: if `tx` is a `txfs run`
@@ -733,7 +814,12 @@ impl TxFs {
         if self.view.is_some() {
             return self.view;
         }
-        self.txs.of(req.pid())
+        let tx = self.txs.of(req.pid());
+        if let Some(t) = tx {
+            // A `txfs run` whose view left the gate open came in here.
+            self.gate.pin(t, self.notifier.get());
+        }
+        tx
     }
 
     /// The caller's transaction, or for caller-less requests the handle's.
@@ -831,6 +917,8 @@ impl TxFs {
     fn ioctl_cmd(&self, req: &Request, ino: INodeNo, cmd: u32, data: &[u8]) -> Result<(Vec<u8>, Vec<ObjId>), Errno> {
         let tid = req.pid();
         let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
+        // A process of a `txfs run` whose view left the gate open: shut it.
+        let _ = self.tx(req);
         match cmd {
             ioctl::BEGIN | ioctl::BEGIN_STATE | ioctl::BEGIN_FILE => {
                 // BEGIN_STATE only, before the begin: how the caller's
@@ -900,8 +988,15 @@ impl TxFs {
                 }
                 match self.txs.end(tid) {
                     Some((tx, true)) => {
-                        let (r, pages) =
-                            end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, Some(durability));
+                        let (r, pages) = end_tx(
+                            &self.engine,
+                            &self.private,
+                            &self.gate,
+                            self.notifier.get(),
+                            &self.views,
+                            tx,
+                            Some(durability),
+                        );
                         self.txs.ended(tid, tx, r.is_ok());
                         match r {
                             Ok(()) => Ok((Vec::new(), pages)),
@@ -918,7 +1013,8 @@ impl TxFs {
             ioctl::ABORT => match self.txs.drop_thread(tid) {
                 Some((tx, owned)) => {
                     // Inside a tree transaction an abort dooms the whole tree.
-                    let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, None);
+                    let (_, pages) =
+                        end_tx(&self.engine, &self.private, &self.gate, self.notifier.get(), &self.views, tx, None);
                     if owned {
                         self.txs.ended(tid, tx, false);
                     }
@@ -949,22 +1045,41 @@ impl TxFs {
                             tracing::warn!(pid, caller, "cannot read the start times of a process tree in /proc");
                             return Err(Errno::from_i32(libc::EAGAIN));
                         };
-                        let tx = self.gate.close_then(self.notifier.get(), || {
-                            let tx = self.engine.begin();
-                            self.txs.add_tree(pid, caller, tx, starts);
-                            tx
-                        });
                         // TXFS_NO_VIEWS=1: serve none (as daemons before views did).
                         // Only for root: a view is served without the daemon
                         // checking permissions (the kernel does, by the mount's
                         // default_permissions, which only root's mount guarantees).
                         let views_allowed = std::env::var_os("TXFS_NO_VIEWS").is_none_or(|v| v != "1");
-                        if flags & ioctl::RUN_VIEW != 0 && req.uid() == 0 && views_allowed {
+                        let with_view = flags & ioctl::RUN_VIEW != 0 && req.uid() == 0 && views_allowed;
+                        // A tree that reaches this mount only through its view
+                        // (or by requests, which pin the gate) leaves it open.
+                        let escape = if with_view { self.way_in(pid) } else { Some("no view".into()) };
+                        let begin = || {
+                            let tx = self.engine.begin();
+                            self.txs.add_tree(pid, caller, tx, starts);
+                            tx
+                        };
+                        let tx = match &escape {
+                            None => self.gate.begin_free(begin),
+                            Some(_) => self.gate.close_then(self.notifier.get(), begin),
+                        };
+                        if let Some(why) = escape.as_deref().filter(|_| with_view) {
+                            tracing::info!(pid, %tx, "the kernel stops caching while this run lives: {why}");
+                        }
+                        if with_view {
                             let devfd = ioctl::u32_at(data, 12) as i32;
                             if let Err(e) = self.serve_view(caller, devfd, tx) {
                                 tracing::warn!(pid, %tx, "cannot serve a transaction view: {e}");
                                 self.txs.remove_tree(pid);
-                                let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, None);
+                                let (_, pages) = end_tx(
+                                    &self.engine,
+                                    &self.private,
+                                    &self.gate,
+                                    self.notifier.get(),
+                                    &self.views,
+                                    tx,
+                                    None,
+                                );
                                 self.after(pages, || {});
                                 return Err(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
                             }
@@ -982,7 +1097,15 @@ impl TxFs {
                             // EDEADLK tells `txfs run` that the command failed
                             // because it lost a conflict: worth a rerun.
                             let doomed = self.engine.is_doomed(tx);
-                            let (_, pages) = end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, None);
+                            let (_, pages) = end_tx(
+                                &self.engine,
+                                &self.private,
+                                &self.gate,
+                                self.notifier.get(),
+                                &self.views,
+                                tx,
+                                None,
+                            );
                             tracing::info!(pid, %tx, doomed, "process tree transaction aborted");
                             // NB: the pages are dropped before the reply only on success.
                             self.after(pages, || {});
@@ -994,7 +1117,15 @@ impl TxFs {
                         }
                         let d =
                             if flags & ioctl::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
-                        let (r, pages) = end_tx(&self.engine, &self.private, &self.gate, &self.views, tx, Some(d));
+                        let (r, pages) = end_tx(
+                            &self.engine,
+                            &self.private,
+                            &self.gate,
+                            self.notifier.get(),
+                            &self.views,
+                            tx,
+                            Some(d),
+                        );
                         match r {
                             Ok(()) => {
                                 tracing::info!(pid, %tx, "process tree transaction committed");
@@ -1026,6 +1157,11 @@ impl TxFs {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
                 Ok((out, Vec::new()))
+            }
+            ioctl::CACHE => {
+                let [open, cached, closes] = self.gate.counters();
+                let asked = self.attr_requests.load(Ordering::Relaxed);
+                Ok(([open, cached, closes, asked].iter().flat_map(|v| v.to_le_bytes()).collect(), Vec::new()))
             }
             ioctl::STATE => Ok((self.state_bytes(tid), Vec::new())),
             _ => Err(Errno::from_i32(libc::ENOTTY)),
@@ -1087,6 +1223,7 @@ impl Filesystem for TxFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.attr_requests.fetch_add(1, Ordering::Relaxed);
         // Before reading: a reply may be cached only if the gate stayed open.
         let ticket = self.gate.ticket();
         let tx = self.tx(req);
@@ -1100,6 +1237,7 @@ impl Filesystem for TxFs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.attr_requests.fetch_add(1, Ordering::Relaxed);
         // Before reading: a reply may be cached only if the gate stayed open.
         let ticket = self.gate.ticket();
         let tx = match fh {

@@ -38,6 +38,10 @@ pub const BATCH: u32 = iow(10, 8);
 /// file change counter), both entering the read set as if read
 /// (`struct txfs_ioc_begin_file`, 64 bytes).
 pub const BEGIN_FILE: u32 = iowr(11, 64);
+/// The kernel cache gate (DESIGN §9): open (0/1), replies sent with a
+/// nonzero TTL, closes that dropped something, LOOKUP and GETATTR requests
+/// served (four u64, `txfs status`).
+pub const CACHE: u32 = ior(12, 32);
 
 pub const COMMIT_ORDERED: u32 = 0x1;
 
@@ -70,5 +74,6 @@ mod tests {
         assert_eq!(BEGIN_STATE, 0xc020_e708);
         assert_eq!(COMMIT_IF, 0x4010_e709);
         assert_eq!(BATCH, 0x4008_e70a);
+        assert_eq!(CACHE, 0x8020_e70c);
     }
 }

@@ -317,6 +317,7 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
         a.opened();
     }
     let txfs = fs::TxFs::new(engine.clone(), backing.clone());
+    let _ = txfs.point.set(point.clone());
     let notifier_slot = txfs.notifier.clone();
     let gate = txfs.gate.clone();
     let mut mopts = vec![
@@ -640,6 +641,16 @@ fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'static str, u
     let journal = out[4].1;
     out.push(("checkpoint_lag", journal.saturating_sub(txfs_engine::journal::FILE_HEADER_LEN)));
     out.push(("checkpoint_threshold", Options::default().checkpoint_bytes));
+    // The kernel cache gate (daemons before it answer ENOTTY: left out).
+    let mut cache = [0u8; 32];
+    // SAFETY: CACHE writes 32 bytes into cache.
+    if unsafe { libc::ioctl(dir.as_raw_fd(), ioctl::CACHE as _, cache.as_mut_ptr()) } == 0 {
+        let at = |i: usize| u64::from_le_bytes(cache[i * 8..i * 8 + 8].try_into().expect("8"));
+        out.push(("kernel_cache_open", at(0)));
+        out.push(("cached_replies", at(1)));
+        out.push(("cache_closes", at(2)));
+        out.push(("lookup_getattr_requests", at(3)));
+    }
     Ok(out)
 }
 

@@ -165,6 +165,12 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
         && unsafe { libc::geteuid() } == 0;
     let point_c = CString::new(point.as_os_str().as_bytes()).expect("a mount point has no NUL");
     let cwd_c = std::env::current_dir().ok().and_then(|d| CString::new(d.as_os_str().as_bytes()).ok());
+    // The shared mount's device: a child whose working directory is still
+    // on it after entering the view must not run (its relative paths would
+    // bypass the view, and the daemon keeps the kernel caching for a run
+    // whose child has no way into the shared mount but its view).
+    let shared_dev = crate::txmap::dev_of(&point).ok();
+    const NOT_IN_VIEW: &[u8] = b"txfs run: the working directory cannot be entered through the transaction view\n";
     for attempt in 0..=retries {
         let view = if want_view { View::open() } else { None };
         let mut go = [0i32; 2];
@@ -199,8 +205,10 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                 libc::close(ready[1]);
                 let mut b = 0u8;
                 let n = libc::read(go[0], (&mut b as *mut u8).cast(), 1);
+                let mut in_view = mounted;
                 if n == 1 && b == b'u' {
                     // The daemon would not serve the view: take it away again.
+                    in_view = false;
                     libc::umount2(point_c.as_ptr(), libc::MNT_DETACH);
                     let n = libc::read(go[0], (&mut b as *mut u8).cast(), 1);
                     if n != 1 {
@@ -210,10 +218,16 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                 if b != b'g' {
                     libc::_exit(EX_SOFTWARE as i32);
                 }
-                if mounted {
+                if in_view {
                     // Re-resolve the working directory through the view.
                     if let Some(c) = &cwd_c {
                         libc::chdir(c.as_ptr());
+                    }
+                    let mut st: libc::stat = std::mem::zeroed();
+                    let here = libc::stat(c".".as_ptr(), &mut st) == 0;
+                    if !here || Some(st.st_dev) == shared_dev {
+                        libc::write(2, NOT_IN_VIEW.as_ptr().cast(), NOT_IN_VIEW.len());
+                        libc::_exit(EX_SOFTWARE as i32);
                     }
                 }
                 libc::execvp(ptrs[0], ptrs.as_ptr());

@@ -440,6 +440,92 @@ pub fn process_of(tid: u32) -> Option<u32> {
     tgid_ppid(tid).map(|(t, _)| t)
 }
 
+/// `statx` without asking a FUSE daemon (`AT_STATX_DONT_SYNC`: cached
+/// attributes; the device comes from the superblock): safe to call from
+/// the daemon on its own mount. Returns the device.
+fn statx_dev(path: &std::ffi::CStr) -> std::io::Result<u64> {
+    // SAFETY: statx into a zeroed struct.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a live struct.
+    let r = unsafe { libc::statx(libc::AT_FDCWD, path.as_ptr(), libc::AT_STATX_DONT_SYNC, libc::STATX_INO, &mut st) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(libc::makedev(st.stx_dev_major, st.stx_dev_minor))
+}
+
+/// The device of the file system mounted at `point`.
+pub fn dev_of(point: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(point.as_os_str().as_bytes()).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+    statx_dev(&c)
+}
+
+/// How process `pid` could reach the file system of device `dev` other
+/// than through a mount of it that another mount covers (a `txfs run`
+/// child whose view is mounted over the shared mount): a descriptor that
+/// survives `exec` (not `O_CLOEXEC`), its root directory, or a mount of
+/// `dev` in its mount namespace with nothing mounted over it. `None` if
+/// none of these; what it found otherwise. Its working directory is not
+/// looked at: the child enters it again through the view before `exec`.
+/// Anything /proc cannot tell counts as a way in.
+pub fn way_into(pid: u32, dev: u64) -> Option<String> {
+    let on_dev = |path: &str| std::ffi::CString::new(path).ok().and_then(|c| statx_dev(&c).ok()) == Some(dev);
+    let fds = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(d) => d,
+        Err(e) => return Some(format!("/proc/{pid}/fd: {e}")),
+    };
+    for fd in fds.flatten() {
+        let n = fd.file_name().to_string_lossy().into_owned();
+        let Ok(info) = read_proc(&format!("/proc/{pid}/fdinfo/{n}")) else {
+            continue; // closed meanwhile
+        };
+        let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).map(|f| u32::from_str_radix(f.trim(), 8));
+        match flags {
+            Some(Ok(f)) if f & libc::O_CLOEXEC as u32 != 0 => continue,
+            Some(Ok(_)) => {}
+            _ => return Some(format!("/proc/{pid}/fdinfo/{n}: no flags")),
+        }
+        if on_dev(&format!("/proc/{pid}/fd/{n}")) {
+            return Some(format!("it inherits descriptor {n} on this mount"));
+        }
+    }
+    if on_dev(&format!("/proc/{pid}/root")) {
+        return Some("its root directory is on this mount".into());
+    }
+    let info = match read_proc(&format!("/proc/{pid}/mountinfo")) {
+        Ok(t) => t,
+        Err(e) => return Some(format!("/proc/{pid}/mountinfo: {e}")),
+    };
+    uncovered_mount(&info, dev)
+}
+
+/// A mount of `dev` in this mountinfo text that no other mount covers
+/// (mounted on its root at its mount point), or a line that does not
+/// parse: where and why.
+fn uncovered_mount(mountinfo: &str, dev: u64) -> Option<String> {
+    // Fields: mount id, parent id, major:minor, root, mount point, ...
+    let mut mounts = Vec::new();
+    for line in mountinfo.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let parsed = (|| {
+            let (maj, min) = f.get(2)?.split_once(':')?;
+            let d = libc::makedev(maj.parse().ok()?, min.parse().ok()?);
+            Some((f.first()?.parse::<u64>().ok()?, f.get(1)?.parse::<u64>().ok()?, d, *f.get(4)?))
+        })();
+        match parsed {
+            Some(m) => mounts.push(m),
+            None => return Some(format!("a mountinfo line that does not parse: {line:?}")),
+        }
+    }
+    for &(id, _, d, point) in &mounts {
+        if d == dev && !mounts.iter().any(|&(_, parent, _, p)| parent == id && p == point) {
+            return Some(format!("this mount is also reachable at {point}"));
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -588,5 +674,23 @@ mod tests {
             reaped = map.reap();
         }
         assert_eq!(reaped, vec![TxId(5)]);
+    }
+
+    /// Only a mount of the device with nothing mounted on it at its own
+    /// mount point is a way in.
+    #[test]
+    fn a_covered_mount_is_no_way_in() {
+        let dev = libc::makedev(0, 63);
+        let shared = "24 1 0:63 / /mnt/t rw - fuse.txfs txfs:/b rw\n";
+        let view = "31 24 0:70 / /mnt/t rw - fuse.txfs txfs rw\n";
+        let other = "25 1 8:1 / /home rw - ext4 /dev/sda1 rw\n";
+        assert_eq!(uncovered_mount(&format!("{other}{shared}{view}"), dev), None);
+        assert!(uncovered_mount(&format!("{other}{shared}"), dev).unwrap().contains("/mnt/t"));
+        // A bind mount of it elsewhere, or a mount over a subdirectory only.
+        let bind = "40 1 0:63 /sub /srv/x rw - fuse.txfs txfs:/b rw\n";
+        assert!(uncovered_mount(&format!("{shared}{view}{bind}"), dev).unwrap().contains("/srv/x"));
+        let below = "31 24 0:70 / /mnt/t/sub rw - fuse.txfs txfs rw\n";
+        assert!(uncovered_mount(&format!("{shared}{below}"), dev).is_some());
+        assert!(uncovered_mount("garbage\n", dev).is_some());
     }
 }

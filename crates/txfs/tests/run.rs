@@ -515,3 +515,149 @@ fn many_views_give_back_descriptors_threads_and_memory() {
     );
     assert_eq!(m.live_txs(), 0);
 }
+
+/// `txfs status`: whether the kernel may cache, and LOOKUP + GETATTR
+/// requests the daemon served so far.
+fn kernel_cache(m: &Mount) -> (bool, u64) {
+    let s = m.status();
+    let open = s["kernel_cache_open"].as_u64().expect("kernel_cache_open") == 1;
+    (open, s["lookup_getattr_requests"].as_u64().expect("lookup_getattr_requests"))
+}
+
+/// Starts `sh -c SCRIPT` under `txfs run` (a view: the tests run as
+/// root) with no descriptor on the mount, and waits until the script has
+/// touched `ready` in the scratch directory; it then waits for `go`.
+fn start_waiting_run(m: &Mount, script: &str) -> (Reaped, std::path::PathBuf) {
+    start_waiting_run_after(m, script, None)
+}
+
+/// As [`start_waiting_run`], but ready as soon as the script has begun
+/// waiting for `first` (when given) instead of after the whole script.
+fn start_waiting_run_after(m: &Mount, script: &str, first: Option<&std::path::Path>) -> (Reaped, std::path::PathBuf) {
+    let (ready, go) = (m.scratch().join("ready"), m.scratch().join("go"));
+    let _ = std::fs::remove_file(&ready);
+    let _ = std::fs::remove_file(&go);
+    let mut script = format!(
+        "{script}; touch {ready}; while [ ! -e {go} ]; do sleep 0.02; done",
+        ready = ready.display(),
+        go = go.display()
+    );
+    if let Some(first) = first {
+        // The script waits for `first` right after its first command.
+        let wait = format!("while [ ! -e {} ]", first.display());
+        script = script.replacen(&wait, &format!("touch {} && {wait}", ready.display()), 1);
+    }
+    let child = m
+        .run_cmd(&[], &["sh", "-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = Reaped(child, go.clone());
+    assert!(wait_until(Duration::from_secs(20), || ready.exists()), "the run never got ready");
+    (child, go)
+}
+
+/// A waiting run that a failed assertion must not leave behind: its `go`
+/// file is written (it commits) when dropped.
+struct Reaped(std::process::Child, std::path::PathBuf);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.1, "");
+        let _ = wait_timeout(&mut self.0, Duration::from_secs(20));
+    }
+}
+
+/// A `txfs run` whose command can reach the shared mount only through its
+/// view (no inherited descriptor, root or uncovered mount of it) leaves the
+/// kernel caching there for everyone else (bench W8 "beside a live `txfs
+/// run`": 0.40× before): plain stats beside it are answered by the kernel
+/// and show the committed state. Its commit drops what was cached before
+/// anyone can read on: right after `txfs run` returns, a plain reader whose
+/// kernel cached the old answers a moment ago (well within their TTL) sees
+/// the new size, the new directory and no removed file.
+#[test]
+fn a_run_with_only_its_view_leaves_the_shared_mount_cached() {
+    let m = Mount::with_backing(|b| {
+        std::fs::write(b.join("f"), "old\n").unwrap();
+        std::fs::write(b.join("gone"), "x").unwrap();
+    });
+    let (mut child, go) = start_waiting_run(&m, "echo newer > f && mkdir d && rm gone");
+    let (open, before) = kernel_cache(&m);
+    assert!(open, "a run with its own view shut the shared mount's cache");
+    for _ in 0..200 {
+        assert_eq!(std::fs::metadata(m.path("f")).unwrap().len(), 4, "the run's uncommitted size leaked");
+        assert!(std::fs::metadata(m.path("gone")).is_ok(), "the run's uncommitted removal leaked");
+    }
+    let asked = kernel_cache(&m).1 - before;
+    assert!(asked < 40, "400 plain stats beside a run took {asked} LOOKUP/GETATTR requests: not cached");
+    assert_errno(std::fs::metadata(m.path("d")), libc::ENOENT, "the run's uncommitted mkdir");
+    // A fresh answer, cached for a whole TTL from here.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(std::fs::metadata(m.path("f")).unwrap().len(), 4);
+    assert!(std::fs::metadata(m.path("gone")).is_ok());
+    std::fs::write(&go, "").unwrap();
+    let status = wait_timeout(&mut child.0, Duration::from_secs(20)).expect("the run ends");
+    assert!(status.success(), "txfs run: {status}");
+    assert_eq!(std::fs::metadata(m.path("f")).unwrap().len(), 6, "stale size after the run's commit");
+    assert_errno(std::fs::metadata(m.path("gone")), libc::ENOENT, "stale entry after the run's commit");
+    assert!(m.path("d").is_dir());
+    assert!(kernel_cache(&m).0, "the cache stayed shut after the run");
+    assert_eq!(m.live_txs(), 0);
+}
+
+/// A run that can reach the shared mount other than through its view keeps
+/// the kernel from caching there, as any transaction does: its output
+/// redirected to a file on the mount (an inherited descriptor), or a
+/// request of its that arrives there anyway (here through another
+/// process's working directory in /proc), which shuts the gate at once —
+/// and is answered in the run's own view.
+#[test]
+fn a_run_that_can_reach_the_shared_mount_shuts_its_cache() {
+    let m = Mount::with_backing(|b| std::fs::write(b.join("f"), "old\n").unwrap());
+    let log = std::fs::File::create(m.path("log")).unwrap();
+    let go = m.scratch().join("go0");
+    let script = format!("while [ ! -e {} ]; do sleep 0.02; done; echo one", go.display());
+    let child = m.run_cmd(&[], &["sh", "-c", &script]).stdout(log).spawn().unwrap();
+    let mut child = Reaped(child, go.clone());
+    assert!(wait_until(Duration::from_secs(10), || m.live_txs() == 1));
+    // Before it wrote anything there: its descriptor alone shuts the cache.
+    assert!(!kernel_cache(&m).0, "a run holding an inherited descriptor on the mount left the cache open");
+    std::fs::write(&go, "").unwrap();
+    assert!(wait_timeout(&mut child.0, Duration::from_secs(20)).expect("the run ends").success());
+    assert_eq!(std::fs::read_to_string(m.path("log")).unwrap(), "one\n");
+    assert!(kernel_cache(&m).0);
+
+    // A process outside the run whose working directory is the mount.
+    let outsider = Command::new("sleep").arg("60").current_dir(m.mnt()).spawn().unwrap();
+    let outsider = Killed(outsider);
+    let (step, seen) = (m.scratch().join("step"), m.scratch().join("seen"));
+    let script = format!(
+        "echo mine > f && while [ ! -e {step} ]; do sleep 0.02; done && cat /proc/{pid}/cwd/f > {seen}",
+        step = step.display(),
+        pid = outsider.0.id(),
+        seen = seen.display()
+    );
+    let (mut child, go) = start_waiting_run_after(&m, &script, Some(&step));
+    assert!(kernel_cache(&m).0, "open before the run's first request to the shared mount");
+    std::fs::write(&step, "").unwrap();
+    assert!(wait_until(Duration::from_secs(10), || seen.exists()));
+    assert!(!kernel_cache(&m).0, "a request of the run reached the shared mount and left the cache open");
+    std::fs::write(&go, "").unwrap();
+    assert!(wait_timeout(&mut child.0, Duration::from_secs(20)).expect("the run ends").success());
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "mine\n", "the run read the shared mount outside its view");
+    drop(outsider);
+    assert_eq!(std::fs::read_to_string(m.path("f")).unwrap(), "mine\n");
+    assert!(kernel_cache(&m).0);
+}
+
+/// A helper process killed when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
