@@ -642,7 +642,8 @@ fn a_run_that_can_reach_the_shared_mount_shuts_its_cache() {
     let (mut child, go) = start_waiting_run_after(&m, &script, Some(&step));
     assert!(kernel_cache(&m).0, "open before the run's first request to the shared mount");
     std::fs::write(&step, "").unwrap();
-    assert!(wait_until(Duration::from_secs(10), || seen.exists()));
+    // Its output, not its creation: the shell creates `seen` before cat runs.
+    assert!(wait_until(Duration::from_secs(10), || std::fs::read(&seen).is_ok_and(|b| !b.is_empty())));
     assert!(!kernel_cache(&m).0, "a request of the run reached the shared mount and left the cache open");
     std::fs::write(&go, "").unwrap();
     assert!(wait_timeout(&mut child.0, Duration::from_secs(20)).expect("the run ends").success());
