@@ -1451,6 +1451,11 @@ impl Engine {
         self.lock().txs.len()
     }
 
+    /// True if every live transaction satisfies `f` (none live: true).
+    pub fn all_live(&self, mut f: impl FnMut(TxId) -> bool) -> bool {
+        self.lock().txs.keys().all(|t| f(*t))
+    }
+
     /// True if `tx` is live.
     pub fn is_live(&self, tx: TxId) -> bool {
         self.lock().txs.contains_key(&tx)

@@ -101,11 +101,12 @@ pub struct CacheGate {
     closing: Mutex<()>,
     /// The epoch could not be bumped once: never cache again.
     broken: std::sync::atomic::AtomicBool,
-    /// Live transactions that leave the gate open: `txfs run` views whose
+    /// Transactions that leave the gate open: `txfs run` views whose
     /// process tree had no way into this mount but requests when it began
     /// (DESIGN §9, "Views leave the gate open"). The gate reopens once
-    /// every live transaction is one of these. Lock order: `closing`,
-    /// `state`, `free`.
+    /// every live transaction is one of these; an id may outlive its
+    /// transaction briefly (it goes when the run ends here). Lock order:
+    /// `closing`, `state`, `free`.
     free: Mutex<std::collections::HashSet<TxId>>,
     /// `free` is not empty: the fast path of every request.
     any_free: std::sync::atomic::AtomicBool,
@@ -284,7 +285,11 @@ impl CacheGate {
         }
         let _closing = self.closing.lock();
         let mut g = self.state.write();
-        if !g.0 && engine.live_txs() == self.free.lock().len() {
+        // Membership, not a count: an id may stay in `free` after its
+        // transaction ended (aborted through a view, whose gate is its own,
+        // or between the engine's end and `unfree`).
+        let free = self.free.lock();
+        if !g.0 && engine.all_live(|t| free.contains(&t)) {
             *g = (true, g.1 + 1);
         }
     }
@@ -368,6 +373,10 @@ pub struct TxFs {
     pub point: std::sync::OnceLock<PathBuf>,
     /// LOOKUP and GETATTR requests served (`txfs status`).
     attr_requests: AtomicU64,
+    /// This mount's device (`way_in`).
+    dev: std::sync::OnceLock<u64>,
+    /// In a view: the shared mount's gate (what `txfs status` reports).
+    shared_gate: Option<Arc<CacheGate>>,
 }
 
 /// The node ids of the shared mount that may have pages in the kernel's
@@ -437,7 +446,10 @@ fn end_tx(
                 Err(e) => (Err(e), Vec::new()),
             }
         }
-        None => (engine.abort(tx), Vec::new()),
+        None => {
+            gate.unfree(tx);
+            (engine.abort(tx), Vec::new())
+        }
     };
     gate.unfree(tx);
     gate.reopen(engine);
@@ -605,6 +617,8 @@ impl TxFs {
             paged,
             point: std::sync::OnceLock::new(),
             attr_requests: AtomicU64::new(0),
+            dev: std::sync::OnceLock::new(),
+            shared_gate: None,
         }
     }
 
@@ -629,6 +643,8 @@ impl TxFs {
             paged: Arc::default(),
             point: std::sync::OnceLock::new(),
             attr_requests: AtomicU64::new(0),
+            dev: std::sync::OnceLock::new(),
+            shared_gate: Some(self.gate.clone()),
         }
     }
 
@@ -693,10 +709,16 @@ impl TxFs {
     /// cannot (see [`txmap::way_into`]), else why it can.
     fn way_in(&self, pid: u32) -> Option<String> {
         let Some(point) = self.point.get() else { return Some("mount point unknown".into()) };
-        match txmap::dev_of(point) {
-            Ok(dev) => txmap::way_into(pid, dev),
-            Err(e) => Some(format!("{}: {e}", point.display())),
-        }
+        // Read once (the first run): later mounts over the point, in the
+        // daemon's namespace, do not change what this mount is.
+        let dev = match self.dev.get() {
+            Some(d) => *d,
+            None => match txmap::dev_of(point) {
+                Ok(d) => *self.dev.get_or_init(|| d),
+                Err(e) => return Some(format!("{}: {e}", point.display())),
+            },
+        };
+        txmap::way_into(pid, dev, point)
     }
 
     /// A change by `tx` through this (shared) mount: if `tx` is a `txfs run`
@@ -1159,7 +1181,7 @@ impl TxFs {
                 Ok((out, Vec::new()))
             }
             ioctl::CACHE => {
-                let [open, cached, closes] = self.gate.counters();
+                let [open, cached, closes] = self.shared_gate.as_ref().unwrap_or(&self.gate).counters();
                 let asked = self.attr_requests.load(Ordering::Relaxed);
                 Ok(([open, cached, closes, asked].iter().flat_map(|v| v.to_le_bytes()).collect(), Vec::new()))
             }

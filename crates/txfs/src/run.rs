@@ -166,11 +166,15 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
     let point_c = CString::new(point.as_os_str().as_bytes()).expect("a mount point has no NUL");
     let cwd_c = std::env::current_dir().ok().and_then(|d| CString::new(d.as_os_str().as_bytes()).ok());
     // The shared mount's device: a child whose working directory is still
-    // on it after entering the view must not run (its relative paths would
-    // bypass the view, and the daemon keeps the kernel caching for a run
-    // whose child has no way into the shared mount but its view).
-    let shared_dev = crate::txmap::dev_of(&point).ok();
-    const NOT_IN_VIEW: &[u8] = b"txfs run: the working directory cannot be entered through the transaction view\n";
+    // on it after entering the view (a bind mount of it elsewhere, a removed
+    // directory) sends the daemon a request there before it runs the
+    // command, so that the daemon stops the kernel caching on the shared
+    // mount for this run (DESIGN §9, "Views leave the gate open").
+    let shared_dev = {
+        use std::os::unix::fs::MetadataExt;
+        dir.metadata().map(|m| m.dev()).ok()
+    };
+    let mut state_buf = [0u8; 16];
     for attempt in 0..=retries {
         let view = if want_view { View::open() } else { None };
         let mut go = [0i32; 2];
@@ -224,10 +228,12 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                         libc::chdir(c.as_ptr());
                     }
                     let mut st: libc::stat = std::mem::zeroed();
-                    let here = libc::stat(c".".as_ptr(), &mut st) == 0;
-                    if !here || Some(st.st_dev) == shared_dev {
-                        libc::write(2, NOT_IN_VIEW.as_ptr().cast(), NOT_IN_VIEW.len());
-                        libc::_exit(EX_SOFTWARE as i32);
+                    if libc::stat(c".".as_ptr(), &mut st) != 0 || shared_dev.is_none_or(|d| d == st.st_dev) {
+                        let fd = libc::open(c".".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC);
+                        if fd >= 0 {
+                            libc::ioctl(fd, ioctl::STATE as _, state_buf.as_mut_ptr());
+                            libc::close(fd);
+                        }
                     }
                 }
                 libc::execvp(ptrs[0], ptrs.as_ptr());

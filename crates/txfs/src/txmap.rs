@@ -461,37 +461,55 @@ pub fn dev_of(point: &std::path::Path) -> std::io::Result<u64> {
     statx_dev(&c)
 }
 
-/// How process `pid` could reach the file system of device `dev` other
-/// than through a mount of it that another mount covers (a `txfs run`
-/// child whose view is mounted over the shared mount): a descriptor that
-/// survives `exec` (not `O_CLOEXEC`), its root directory, or a mount of
-/// `dev` in its mount namespace with nothing mounted over it. `None` if
-/// none of these; what it found otherwise. Its working directory is not
-/// looked at: the child enters it again through the view before `exec`.
-/// Anything /proc cannot tell counts as a way in.
-pub fn way_into(pid: u32, dev: u64) -> Option<String> {
-    let on_dev = |path: &str| std::ffi::CString::new(path).ok().and_then(|c| statx_dev(&c).ok()) == Some(dev);
+/// How process `pid` could reach the file system of device `dev`, mounted
+/// at `point` (as the daemon sees it), other than through a mount of it
+/// that another mount covers (a `txfs run` child whose view is mounted over
+/// the shared mount): a descriptor that survives `exec` (not `O_CLOEXEC`)
+/// on it or below its mount point (`..` climbs out of a mount stacked on
+/// it), its root directory, or a mount of `dev` in its mount namespace with
+/// nothing mounted over it. `None` if none of these; what it found
+/// otherwise. Its working directory is not looked at: the child enters it
+/// again through the view before `exec`, and if that still leaves it on
+/// the shared mount, it sends a request there first (which closes the
+/// gate). Anything /proc cannot tell counts as a way in.
+pub fn way_into(pid: u32, dev: u64, point: &std::path::Path) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let inside = |link: &str| -> Result<bool, String> {
+        let c = std::ffi::CString::new(link).map_err(|_| format!("{link}: NUL"))?;
+        if statx_dev(&c).map_err(|e| format!("{link}: {e}"))? == dev {
+            return Ok(true);
+        }
+        let target = std::fs::read_link(link).map_err(|e| format!("{link}: {e}"))?;
+        Ok(target.starts_with(point) && target.as_os_str().as_bytes().first() == Some(&b'/'))
+    };
     let fds = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
         Ok(d) => d,
         Err(e) => return Some(format!("/proc/{pid}/fd: {e}")),
     };
-    for fd in fds.flatten() {
-        let n = fd.file_name().to_string_lossy().into_owned();
-        let Ok(info) = read_proc(&format!("/proc/{pid}/fdinfo/{n}")) else {
-            continue; // closed meanwhile
+    for fd in fds {
+        let n = match fd {
+            Ok(fd) => fd.file_name().to_string_lossy().into_owned(),
+            Err(e) => return Some(format!("/proc/{pid}/fd: {e}")),
         };
-        let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).map(|f| u32::from_str_radix(f.trim(), 8));
+        let flags = read_proc(&format!("/proc/{pid}/fdinfo/{n}"))
+            .ok()
+            .and_then(|info| info.lines().find_map(|l| l.strip_prefix("flags:")).map(|f| f.trim().to_string()))
+            .and_then(|f| u32::from_str_radix(&f, 8).ok());
         match flags {
-            Some(Ok(f)) if f & libc::O_CLOEXEC as u32 != 0 => continue,
-            Some(Ok(_)) => {}
-            _ => return Some(format!("/proc/{pid}/fdinfo/{n}: no flags")),
+            Some(f) if f & libc::O_CLOEXEC as u32 != 0 => continue,
+            Some(_) => {}
+            None => return Some(format!("/proc/{pid}/fdinfo/{n}: no flags")),
         }
-        if on_dev(&format!("/proc/{pid}/fd/{n}")) {
-            return Some(format!("it inherits descriptor {n} on this mount"));
+        match inside(&format!("/proc/{pid}/fd/{n}")) {
+            Ok(false) => {}
+            Ok(true) => return Some(format!("it inherits descriptor {n} on this mount")),
+            Err(e) => return Some(e),
         }
     }
-    if on_dev(&format!("/proc/{pid}/root")) {
-        return Some("its root directory is on this mount".into());
+    match inside(&format!("/proc/{pid}/root")) {
+        Ok(false) => {}
+        Ok(true) => return Some("its root directory is on this mount".into()),
+        Err(e) => return Some(e),
     }
     let info = match read_proc(&format!("/proc/{pid}/mountinfo")) {
         Ok(t) => t,
