@@ -195,6 +195,12 @@ impl CacheGate {
     /// only once nothing cached can answer for it.
     fn close_then<T>(&self, notifier: Option<&fuser::Notifier>, begin: impl FnOnce() -> T) -> T {
         let _closing = self.closing.lock();
+        self.close_locked(notifier);
+        begin()
+    }
+
+    /// Closes the gate if open (the caller holds `closing`).
+    fn close_locked(&self, notifier: Option<&fuser::Notifier>) {
         let was_open = {
             // No cacheable reply is being sent once this is held.
             let mut g = self.state.write();
@@ -207,7 +213,6 @@ impl CacheGate {
         if was_open {
             self.invalidate(notifier);
         }
-        begin()
     }
 
     /// Begins a transaction that leaves the gate as it is (a view whose
@@ -234,7 +239,13 @@ impl CacheGate {
         if !self.any_free.load(Ordering::SeqCst) || !self.free.lock().contains(&tx) {
             return;
         }
-        self.close_then(notifier, || self.unfree(tx));
+        let _closing = self.closing.lock();
+        // Again under `closing`: an abort that ended `tx` meanwhile (its
+        // reopen saw the gate open) must not leave it shut with nothing live.
+        if self.free.lock().contains(&tx) {
+            self.close_locked(notifier);
+            self.unfree(tx);
+        }
     }
 
     /// `tx` is no longer one that leaves the gate open (pinned, or ended).
@@ -704,18 +715,26 @@ impl TxFs {
         Ok(())
     }
 
+    /// The gate a transaction ended here leaves: the shared mount's, also
+    /// in a view (a process of the run that begins and aborts through its
+    /// view ends the run's transaction).
+    fn end_gate(&self) -> &CacheGate {
+        self.shared_gate.as_deref().unwrap_or(&self.gate)
+    }
+
     /// How process `pid` (a `txfs run` child about to exec, its view
     /// mounted) could reach this mount other than by requests: `None` if it
     /// cannot (see [`txmap::way_into`]), else why it can.
     fn way_in(&self, pid: u32) -> Option<String> {
         let Some(point) = self.point.get() else { return Some("mount point unknown".into()) };
-        // Read once (the first run): later mounts over the point, in the
-        // daemon's namespace, do not change what this mount is.
+        // Read once (the first run), from what the daemon's own mount table
+        // says of the mount it named `txfs:BACKING`, whatever is mounted
+        // over its mount point since.
         let dev = match self.dev.get() {
             Some(d) => *d,
-            None => match txmap::dev_of(point) {
+            None => match txmap::dev_of_source(&format!("txfs:{}", self.backing.display())) {
                 Ok(d) => *self.dev.get_or_init(|| d),
-                Err(e) => return Some(format!("{}: {e}", point.display())),
+                Err(e) => return Some(format!("/proc/self/mountinfo: {e}")),
             },
         };
         txmap::way_into(pid, dev, point)
@@ -1035,8 +1054,15 @@ impl TxFs {
             ioctl::ABORT => match self.txs.drop_thread(tid) {
                 Some((tx, owned)) => {
                     // Inside a tree transaction an abort dooms the whole tree.
-                    let (_, pages) =
-                        end_tx(&self.engine, &self.private, &self.gate, self.notifier.get(), &self.views, tx, None);
+                    let (_, pages) = end_tx(
+                        &self.engine,
+                        &self.private,
+                        self.end_gate(),
+                        self.notifier.get(),
+                        &self.views,
+                        tx,
+                        None,
+                    );
                     if owned {
                         self.txs.ended(tid, tx, false);
                     }
@@ -1109,6 +1135,7 @@ impl TxFs {
                         tracing::info!(pid, %tx, "process tree transaction begins");
                         Ok((Vec::new(), Vec::new()))
                     }
+                    ioctl::RUN_COMMIT | ioctl::RUN_ABORT if self.view.is_some() => Err(Errno::from_i32(libc::EBUSY)),
                     ioctl::RUN_COMMIT | ioctl::RUN_ABORT => {
                         let (tx, owner) = self.txs.tree(pid).ok_or(Errno::from_i32(libc::ENOENT))?;
                         if owner != caller {

@@ -165,16 +165,20 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
         && unsafe { libc::geteuid() } == 0;
     let point_c = CString::new(point.as_os_str().as_bytes()).expect("a mount point has no NUL");
     let cwd_c = std::env::current_dir().ok().and_then(|d| CString::new(d.as_os_str().as_bytes()).ok());
-    // The shared mount's device: a child whose working directory is still
-    // on it after entering the view (a bind mount of it elsewhere, a removed
-    // directory) sends the daemon a request there before it runs the
-    // command, so that the daemon stops the kernel caching on the shared
-    // mount for this run (DESIGN §9, "Views leave the gate open").
+    // A child that mounted a view but may not have left the shared mount
+    // behind (its working directory could not be entered through the view,
+    // or is still on the shared mount: a bind mount of it elsewhere; or the
+    // view was taken away again) sends the daemon a request on the shared
+    // mount before it runs the command: the daemon then stops the kernel
+    // caching there while this run lives (DESIGN §9, "Views leave the gate
+    // open"). It cannot send it: it does not run the command.
     let shared_dev = {
         use std::os::unix::fs::MetadataExt;
         dir.metadata().map(|m| m.dev()).ok()
     };
+    let dir_fd = dir.as_raw_fd();
     let mut state_buf = [0u8; 16];
+    const NO_PIN: &[u8] = b"txfs run: cannot tell the daemon that the command may reach the shared mount\n";
     for attempt in 0..=retries {
         let view = if want_view { View::open() } else { None };
         let mut go = [0i32; 2];
@@ -222,18 +226,15 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                 if b != b'g' {
                     libc::_exit(EX_SOFTWARE as i32);
                 }
-                if in_view {
-                    // Re-resolve the working directory through the view.
-                    if let Some(c) = &cwd_c {
-                        libc::chdir(c.as_ptr());
-                    }
+                if mounted {
+                    // Re-resolve the working directory through the view: once
+                    // that succeeded it is in the view or outside the mount.
+                    let mut entered = in_view && cwd_c.as_ref().is_some_and(|c| libc::chdir(c.as_ptr()) == 0);
                     let mut st: libc::stat = std::mem::zeroed();
-                    if libc::stat(c".".as_ptr(), &mut st) != 0 || shared_dev.is_none_or(|d| d == st.st_dev) {
-                        let fd = libc::open(c".".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC);
-                        if fd >= 0 {
-                            libc::ioctl(fd, ioctl::STATE as _, state_buf.as_mut_ptr());
-                            libc::close(fd);
-                        }
+                    entered &= libc::stat(c".".as_ptr(), &mut st) == 0 && shared_dev.is_some_and(|d| d != st.st_dev);
+                    if !entered && libc::ioctl(dir_fd, ioctl::STATE as _, state_buf.as_mut_ptr()) != 0 {
+                        libc::write(2, NO_PIN.as_ptr().cast(), NO_PIN.len());
+                        libc::_exit(EX_SOFTWARE as i32);
                     }
                 }
                 libc::execvp(ptrs[0], ptrs.as_ptr());

@@ -454,11 +454,47 @@ fn statx_dev(path: &std::ffi::CStr) -> std::io::Result<u64> {
     Ok(libc::makedev(st.stx_dev_major, st.stx_dev_minor))
 }
 
-/// The device of the file system mounted at `point`.
-pub fn dev_of(point: &std::path::Path) -> std::io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(point.as_os_str().as_bytes()).map_err(|_| std::io::ErrorKind::InvalidInput)?;
-    statx_dev(&c)
+/// The device of the mount whose source is `source` in the daemon's own
+/// mount table (`txfs:BACKING`: only one daemon serves a backing directory).
+pub fn dev_of_source(source: &str) -> std::io::Result<u64> {
+    let info = read_proc("/proc/self/mountinfo")?;
+    source_dev(&info, source).ok_or_else(|| std::io::Error::other(format!("no mount of {source}")))
+}
+
+/// `\ooo` escapes of a mountinfo field undone.
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b.get(i + 1..i + 4).filter(|o| b[i] == b'\\' && o.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct.and_then(|o| u8::from_str_radix(std::str::from_utf8(o).ok()?, 8).ok()) {
+            Some(c) => {
+                out.push(c);
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The device of the first mount in this mountinfo text whose source (the
+/// field after the file system type, past the " - " separator) is `source`.
+fn source_dev(mountinfo: &str, source: &str) -> Option<u64> {
+    mountinfo.lines().find_map(|line| {
+        let (head, tail) = line.split_once(" - ")?;
+        let mut t = tail.split(' ');
+        let (_fstype, src) = (t.next()?, t.next()?);
+        if unescape(src) != source {
+            return None;
+        }
+        let (maj, min) = head.split(' ').nth(2)?.split_once(':')?;
+        Some(libc::makedev(maj.parse().ok()?, min.parse().ok()?))
+    })
 }
 
 /// How process `pid` could reach the file system of device `dev`, mounted
@@ -720,5 +756,16 @@ mod tests {
         let below = "31 24 0:70 / /mnt/t/sub rw - fuse.txfs txfs rw\n";
         assert!(uncovered_mount(&format!("{shared}{below}"), dev).is_some());
         assert!(uncovered_mount("garbage\n", dev).is_some());
+    }
+
+    /// The daemon finds its own mount by source, with mountinfo's escapes.
+    #[test]
+    fn a_mount_is_found_by_its_source() {
+        let info = "24 1 0:63 / /mnt/t rw - fuse.txfs txfs:/var/a\\040b rw\n\
+                    25 1 0:64 / /mnt/u rw - fuse.txfs txfs:/var/a rw\n";
+        assert_eq!(source_dev(info, "txfs:/var/a b"), Some(libc::makedev(0, 63)));
+        assert_eq!(source_dev(info, "txfs:/var/a"), Some(libc::makedev(0, 64)));
+        assert_eq!(source_dev(info, "txfs:/var/c"), None);
+        assert_eq!(unescape("a\\134b\\011"), "a\\b\t");
     }
 }

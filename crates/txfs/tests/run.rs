@@ -647,7 +647,7 @@ fn a_run_that_can_reach_the_shared_mount_shuts_its_cache() {
     assert!(kernel_cache(&m).0);
 
     // A process outside the run whose working directory is the mount.
-    let outsider = Command::new("sleep").arg("60").current_dir(m.mnt()).spawn().unwrap();
+    let outsider = Command::new("sleep").arg("600").current_dir(m.mnt()).spawn().unwrap();
     let outsider = Killed(outsider);
     let (step, seen) = (m.scratch().join("step"), m.scratch().join("seen"));
     let script = format!(
@@ -699,6 +699,7 @@ fn a_run_aborted_inside_its_view_does_not_reopen_the_cache_under_others() {
         py = python()
     );
     let (mut child, go) = start_waiting_run(&m, &abort);
+    assert_eq!(m.live_txs(), 0, "the abort inside the view ended the run's transaction");
     let mut agent = Agent::spawn(m.mnt());
     agent.ok(&format!("fd = os.open(M, os.O_RDONLY); fcntl.ioctl(fd, {IOC_BEGIN}, bytes(8)); out = 0"));
     m.begin().unwrap();
@@ -710,4 +711,32 @@ fn a_run_aborted_inside_its_view_does_not_reopen_the_cache_under_others() {
     let _ = wait_timeout(&mut child.0, Duration::from_secs(20)).expect("the run ends");
     assert!(kernel_cache(&m).0, "the cache stayed shut after everything ended");
     assert_eq!(m.live_txs(), 0);
+}
+
+/// A run started in a directory of the mount that was removed meanwhile
+/// cannot enter it through its view: its working directory stays on the
+/// shared mount, so the child tells the daemon (a request there) before it
+/// runs the command, and the kernel stops caching while the run lives.
+#[test]
+fn a_run_left_on_the_shared_mount_by_its_working_directory_shuts_the_cache() {
+    let m = Mount::new();
+    if !gate_works(&m) {
+        return;
+    }
+    std::fs::create_dir(m.path("dd")).unwrap();
+    let (ready, go) = (m.scratch().join("ready"), m.scratch().join("go"));
+    let inner = format!("touch {}; while [ ! -e {} ]; do sleep 0.02; done", ready.display(), go.display());
+    let script = format!(
+        "cd {dd} && rmdir {dd} && exec {txfs} run --mount {mnt} -- sh -c '{inner}'",
+        dd = m.path("dd").display(),
+        txfs = env!("CARGO_BIN_EXE_txfs"),
+        mnt = m.mnt().display()
+    );
+    let child = Command::new("sh").arg("-c").arg(&script).stdin(std::process::Stdio::null()).spawn().unwrap();
+    let mut child = Reaped(child, vec![go.clone()]);
+    assert!(wait_until(Duration::from_secs(20), || ready.exists()), "the run never got ready");
+    assert!(!kernel_cache(&m).0, "a run whose working directory stayed on the shared mount left the cache open");
+    std::fs::write(&go, "").unwrap();
+    assert!(wait_timeout(&mut child.0, Duration::from_secs(20)).expect("the run ends").success());
+    assert!(kernel_cache(&m).0);
 }
