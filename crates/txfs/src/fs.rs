@@ -715,6 +715,11 @@ impl TxFs {
         Ok(())
     }
 
+    /// Ends `tx` (see [`end_tx`]) on the gate of [`TxFs::end_gate`].
+    fn end_tx(&self, tx: TxId, commit: Option<Durability>) -> (Result<(), Error>, Vec<ObjId>) {
+        end_tx(&self.engine, &self.private, self.end_gate(), self.notifier.get(), &self.views, tx, commit)
+    }
+
     /// The gate a transaction ended here leaves: the shared mount's, also
     /// in a view (a process of the run that begins and aborts through its
     /// view ends the run's transaction).
@@ -1029,15 +1034,7 @@ impl TxFs {
                 }
                 match self.txs.end(tid) {
                     Some((tx, true)) => {
-                        let (r, pages) = end_tx(
-                            &self.engine,
-                            &self.private,
-                            &self.gate,
-                            self.notifier.get(),
-                            &self.views,
-                            tx,
-                            Some(durability),
-                        );
+                        let (r, pages) = self.end_tx(tx, Some(durability));
                         self.txs.ended(tid, tx, r.is_ok());
                         match r {
                             Ok(()) => Ok((Vec::new(), pages)),
@@ -1054,15 +1051,7 @@ impl TxFs {
             ioctl::ABORT => match self.txs.drop_thread(tid) {
                 Some((tx, owned)) => {
                     // Inside a tree transaction an abort dooms the whole tree.
-                    let (_, pages) = end_tx(
-                        &self.engine,
-                        &self.private,
-                        self.end_gate(),
-                        self.notifier.get(),
-                        &self.views,
-                        tx,
-                        None,
-                    );
+                    let (_, pages) = self.end_tx(tx, None);
                     if owned {
                         self.txs.ended(tid, tx, false);
                     }
@@ -1119,15 +1108,7 @@ impl TxFs {
                             if let Err(e) = self.serve_view(caller, devfd, tx) {
                                 tracing::warn!(pid, %tx, "cannot serve a transaction view: {e}");
                                 self.txs.remove_tree(pid);
-                                let (_, pages) = end_tx(
-                                    &self.engine,
-                                    &self.private,
-                                    &self.gate,
-                                    self.notifier.get(),
-                                    &self.views,
-                                    tx,
-                                    None,
-                                );
+                                let (_, pages) = self.end_tx(tx, None);
                                 self.after(pages, || {});
                                 return Err(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
                             }
@@ -1146,15 +1127,7 @@ impl TxFs {
                             // EDEADLK tells `txfs run` that the command failed
                             // because it lost a conflict: worth a rerun.
                             let doomed = self.engine.is_doomed(tx);
-                            let (_, pages) = end_tx(
-                                &self.engine,
-                                &self.private,
-                                &self.gate,
-                                self.notifier.get(),
-                                &self.views,
-                                tx,
-                                None,
-                            );
+                            let (_, pages) = self.end_tx(tx, None);
                             tracing::info!(pid, %tx, doomed, "process tree transaction aborted");
                             // NB: the pages are dropped before the reply only on success.
                             self.after(pages, || {});
@@ -1166,15 +1139,7 @@ impl TxFs {
                         }
                         let d =
                             if flags & ioctl::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
-                        let (r, pages) = end_tx(
-                            &self.engine,
-                            &self.private,
-                            &self.gate,
-                            self.notifier.get(),
-                            &self.views,
-                            tx,
-                            Some(d),
-                        );
+                        let (r, pages) = self.end_tx(tx, Some(d));
                         match r {
                             Ok(()) => {
                                 tracing::info!(pid, %tx, "process tree transaction committed");
