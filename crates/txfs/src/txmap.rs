@@ -18,6 +18,8 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use txfs_engine::TxId;
 
 /// A /proc file in one `read` where it fits: open, read, close. (std's
@@ -169,6 +171,34 @@ pub struct TreeTx {
     pub owner_start: u64,
 }
 
+/// A thread's cached tree membership: its start time, the tree's
+/// transaction, and a pidfd of the thread itself (`PIDFD_THREAD`, 6.9+):
+/// while that thread lives the tid is still it, which a `poll` tells
+/// without reading /proc (an exited thread's pidfd polls readable; a reused
+/// tid is another thread, which this pidfd never names).
+type Member = (Option<u64>, Option<TxId>, Option<Arc<OwnedFd>>);
+
+/// `PIDFD_THREAD` (include/uapi/linux/pidfd.h: `O_EXCL`).
+const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
+
+/// A pidfd of thread `tid`, if the kernel has thread pidfds.
+fn thread_pidfd(tid: u32) -> Option<Arc<OwnedFd>> {
+    // SAFETY: a plain syscall on integers.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::pid_t, PIDFD_THREAD) };
+    // SAFETY: a descriptor the kernel just gave us.
+    (r >= 0).then(|| Arc::new(unsafe { OwnedFd::from_raw_fd(r as i32) }))
+}
+
+/// True while the thread of `pidfd` has not exited.
+fn still_running(pidfd: &OwnedFd) -> bool {
+    let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd, no wait.
+    unsafe { libc::poll(&mut p, 1, 0) == 0 }
+}
+
+/// Past this many threads cached, the membership cache starts over.
+const CACHE_MAX: usize = 4096;
+
 #[derive(Default)]
 pub struct TxMap {
     inner: Mutex<Inner>,
@@ -178,8 +208,9 @@ pub struct TxMap {
 struct Inner {
     threads: HashMap<u32, ThreadTx>,
     trees: HashMap<u32, TreeTx>,
-    /// Tree membership by thread: (its start time, the tree's transaction).
-    cache: HashMap<u32, (Option<u64>, Option<TxId>)>,
+    /// Tree membership by thread: (its start time, the tree's transaction,
+    /// a pidfd of that thread when the kernel gives one).
+    cache: HashMap<u32, Member>,
     /// Bumped whenever `cache` is cleared (a tree began or ended): an answer
     /// worked out from the trees before that is not cached.
     trees_gen: u64,
@@ -199,8 +230,9 @@ impl TxMap {
     ///
     /// No /proc read happens under the lock: while a tree is live, every
     /// request of a thread outside a thread transaction checks its tree
-    /// membership here (~10 µs per /proc file), and holding the lock for
-    /// that would serialize all requests of the mount.
+    /// membership here (~10 µs per /proc file; a thread seen before costs a
+    /// `poll` of its pidfd instead), and holding the lock for that would
+    /// serialize all requests of the mount.
     pub fn of(&self, tid: u32) -> Option<TxId> {
         if tid == 0 {
             return None;
@@ -213,20 +245,32 @@ impl TxMap {
             if g.trees.is_empty() {
                 return None;
             }
-            (g.cache.get(&tid).copied(), g.trees_gen)
+            (g.cache.get(&tid).cloned(), g.trees_gen)
         };
         // A thread id can be reused by an unrelated process: the cached
-        // answer holds only for the same (tid, start time).
+        // answer holds only for the same thread — its pidfd still running,
+        // or (without one) the same start time.
+        if let Some((_, c, Some(fd))) = &cached {
+            if still_running(fd) {
+                return *c;
+            }
+        }
+        // Taken before /proc is read: if the thread exits and its tid is
+        // reused meanwhile, this pidfd names the one that exited.
+        let pidfd = thread_pidfd(tid);
         let start = start_time(tid);
-        if let Some((s, c)) = cached {
-            if s == start {
+        if let Some((s, c, _)) = cached {
+            if s == start && pidfd.is_none() {
                 return c;
             }
         }
         let found = self.tree_of(tid);
         let mut g = self.inner.lock();
         if g.trees_gen == gen {
-            g.cache.insert(tid, (start, found));
+            if g.cache.len() >= CACHE_MAX {
+                g.cache.clear();
+            }
+            g.cache.insert(tid, (start, found, pidfd));
         }
         found
     }
@@ -619,6 +663,54 @@ mod tests {
         assert_eq!(map.of(child.id()), None);
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// While a tree lives, a thread's membership is cached with a pidfd of
+    /// the thread: trusted while it runs, never once it exited (its tid may
+    /// name another thread by then), and a thread of the tree that exits is
+    /// not taken for the process that later gets its id.
+    #[test]
+    fn cached_membership_is_trusted_only_while_its_thread_runs() {
+        let map = TxMap::default();
+        let me = std::process::id();
+        let mut member = scopeguard(std::process::Command::new("sleep").arg("30").spawn().unwrap());
+        map.add_tree(me, me, TxId(9), tree_starts(me, me).unwrap());
+        assert_eq!(map.of(member.id()), Some(TxId(9)));
+        let cached = map.inner.lock().cache.get(&member.id()).cloned().expect("cached");
+        let Some(fd) = cached.2 else {
+            eprintln!("skipped: no thread pidfds (PIDFD_THREAD, Linux 6.9+)");
+            return;
+        };
+        assert!(still_running(&fd));
+        assert_eq!(map.of(member.id()), Some(TxId(9)), "answered from the cache");
+        member.kill().unwrap();
+        member.wait().unwrap();
+        assert!(!still_running(&fd), "an exited thread's pidfd must not pass for running");
+        // Its id, asked again: worked out anew (gone: no tree).
+        assert_eq!(map.of(member.id()), None);
+    }
+
+    /// Kills and reaps the child when dropped.
+    fn scopeguard(c: std::process::Child) -> impl std::ops::DerefMut<Target = std::process::Child> {
+        struct G(std::process::Child);
+        impl std::ops::Deref for G {
+            type Target = std::process::Child;
+            fn deref(&self) -> &std::process::Child {
+                &self.0
+            }
+        }
+        impl std::ops::DerefMut for G {
+            fn deref_mut(&mut self) -> &mut std::process::Child {
+                &mut self.0
+            }
+        }
+        impl Drop for G {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        G(c)
     }
 
     /// A thread of a tree begins while the tree ends: it must not be left
