@@ -171,7 +171,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
     // view was taken away again) sends the daemon a request on the shared
     // mount before it runs the command: the daemon then stops the kernel
     // caching there while this run lives (DESIGN §9, "Views leave the gate
-    // open"). It cannot send it: it does not run the command.
+    // open"). If it cannot send it, it does not run the command.
     let shared_dev = {
         use std::os::unix::fs::MetadataExt;
         dir.metadata().map(|m| m.dev()).ok()

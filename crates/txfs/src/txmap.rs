@@ -181,12 +181,35 @@ type Member = (Option<u64>, Option<TxId>, Option<Arc<OwnedFd>>);
 /// `PIDFD_THREAD` (include/uapi/linux/pidfd.h: `O_EXCL`).
 const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
 
+/// The kernel refused thread pidfds once (before 6.9: EINVAL): stop asking.
+static NO_THREAD_PIDFDS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// A pidfd of thread `tid`, if the kernel has thread pidfds.
 fn thread_pidfd(tid: u32) -> Option<Arc<OwnedFd>> {
+    use std::sync::atomic::Ordering::Relaxed;
+    if NO_THREAD_PIDFDS.load(Relaxed) {
+        return None;
+    }
     // SAFETY: a plain syscall on integers.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::pid_t, PIDFD_THREAD) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error().raw_os_error();
+        if matches!(e, Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+            NO_THREAD_PIDFDS.store(true, Relaxed);
+        }
+        return None;
+    }
     // SAFETY: a descriptor the kernel just gave us.
-    (r >= 0).then(|| Arc::new(unsafe { OwnedFd::from_raw_fd(r as i32) }))
+    Some(Arc::new(unsafe { OwnedFd::from_raw_fd(r as i32) }))
+}
+
+/// How many threads' memberships (and pidfds) are cached at most: 4 096,
+/// or an eighth of the descriptor limit if that is less.
+fn cache_max() -> usize {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit into a live struct.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 { r.rlim_cur } else { 1024 };
+    CACHE_MAX.min((cur / 8) as usize).max(16)
 }
 
 /// True while the thread of `pidfd` has not exited.
@@ -196,7 +219,8 @@ fn still_running(pidfd: &OwnedFd) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) == 0 }
 }
 
-/// Past this many threads cached, the membership cache starts over.
+/// Past this many threads cached (see [`cache_max`]), the membership cache
+/// starts over.
 const CACHE_MAX: usize = 4096;
 
 #[derive(Default)]
@@ -264,23 +288,38 @@ impl TxMap {
                 return c;
             }
         }
-        let found = self.tree_of(tid);
+        let known = self.tree_known(tid);
+        let found = known.flatten();
+        // Only what /proc told: an answer worked out from an unreadable
+        // /proc (out of descriptors, say) is not kept for the next request.
+        if known.is_none() || start.is_none() {
+            return found;
+        }
         let mut g = self.inner.lock();
+        let mut old = HashMap::new();
         if g.trees_gen == gen {
-            if g.cache.len() >= CACHE_MAX {
-                g.cache.clear();
+            if g.cache.len() >= cache_max() {
+                // Closed after the lock is released.
+                old = std::mem::take(&mut g.cache);
             }
             g.cache.insert(tid, (start, found, pidfd));
         }
+        drop(g);
+        drop(old);
         found
     }
 
     /// The tree `tid` belongs to, walking /proc outside the lock.
     fn tree_of(&self, tid: u32) -> Option<TxId> {
+        self.tree_known(tid).flatten()
+    }
+
+    /// As [`TxMap::tree_of`], `None` when /proc could not tell.
+    fn tree_known(&self, tid: u32) -> Option<Option<TxId>> {
         let trees = {
             let g = self.inner.lock();
             if g.trees.is_empty() {
-                return None;
+                return Some(None);
             }
             g.trees.clone()
         };
@@ -381,8 +420,10 @@ impl TxMap {
     pub fn add_tree(&self, root: u32, owner: u32, tx: TxId, starts: (u64, u64)) {
         let mut g = self.inner.lock();
         g.trees.insert(root, TreeTx { tx, root_start: starts.0, owner, owner_start: starts.1 });
-        g.cache.clear();
+        let old = std::mem::take(&mut g.cache);
         g.trees_gen += 1;
+        drop(g);
+        drop(old); // its pidfds closed outside the lock
     }
 
     pub fn tree(&self, root: u32) -> Option<(TxId, u32)> {
@@ -392,9 +433,11 @@ impl TxMap {
     pub fn remove_tree(&self, root: u32) -> Option<TxId> {
         let mut g = self.inner.lock();
         let t = g.trees.remove(&root)?;
-        g.cache.clear();
+        let old = std::mem::take(&mut g.cache);
         g.trees_gen += 1;
         g.threads.retain(|_, th| th.tx != t.tx);
+        drop(g);
+        drop(old); // its pidfds closed outside the lock
         Some(t.tx)
     }
 
@@ -443,35 +486,40 @@ impl TxMap {
                 }
             }
         }
+        let mut old = HashMap::new();
         for (root, owner, start) in gone_trees {
             if g.trees.get(&root).is_some_and(|t| t.owner == owner && t.owner_start == start) {
                 if let Some(t) = g.trees.remove(&root) {
                     dead.push(t.tx);
-                    g.cache.clear();
+                    old.extend(std::mem::take(&mut g.cache));
                     g.trees_gen += 1;
                 }
             }
         }
+        drop(g);
+        drop(old); // its pidfds closed outside the lock
         dead
     }
 }
 
-/// Walks the process ancestry of `tid` looking for a tree root.
-fn tree_of(trees: &HashMap<u32, TreeTx>, tid: u32) -> Option<TxId> {
+/// Walks the process ancestry of `tid` looking for a tree root: the tree
+/// `tid` belongs to (`Some(None)`: none), or `None` when /proc
+/// could not tell (a process on the way gone or unreadable).
+fn tree_of(trees: &HashMap<u32, TreeTx>, tid: u32) -> Option<Option<TxId>> {
     let (mut pid, mut ppid) = tgid_ppid(tid)?;
     for _ in 0..256 {
         if let Some(t) = trees.get(&pid) {
-            if start_time(pid) == Some(t.root_start) {
-                return Some(t.tx);
+            if start_time(pid)? == t.root_start {
+                return Some(Some(t.tx));
             }
         }
         if ppid <= 1 {
-            return None;
+            return Some(None);
         }
         pid = ppid;
         ppid = tgid_ppid(pid)?.1;
     }
-    None
+    Some(None)
 }
 
 /// Parent process of `pid`.
@@ -682,11 +730,14 @@ mod tests {
             return;
         };
         assert!(still_running(&fd));
-        assert_eq!(map.of(member.id()), Some(TxId(9)), "answered from the cache");
+        // A sentinel in the cache: answered from it while the thread runs.
+        map.inner.lock().cache.get_mut(&member.id()).unwrap().1 = Some(TxId(99));
+        assert_eq!(map.of(member.id()), Some(TxId(99)), "answered from the cache");
         member.kill().unwrap();
         member.wait().unwrap();
         assert!(!still_running(&fd), "an exited thread's pidfd must not pass for running");
-        // Its id, asked again: worked out anew (gone: no tree).
+        // Its id, asked again: worked out anew (gone: no tree), not the
+        // sentinel of the thread that exited.
         assert_eq!(map.of(member.id()), None);
     }
 
