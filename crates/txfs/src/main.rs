@@ -357,6 +357,7 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     let mut config = fuser::Config::default();
     config.mount_options = mopts;
     config.acl = acl;
+    // Threads reading /dev/fuse; over io_uring (below) a single one, for FORGETs.
     config.n_threads = Some(fs::env_count("TXFS_THREADS", 16));
     // FUSE over io_uring when the kernel offers it (6.14+, the fuse module's
     // enable_uring parameter): threads per CPU, pinned, so a request and its
