@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
-use std::time::Duration;
 use std::thread::{self};
+use std::time::Duration;
 
 use log::debug;
 use log::error;
@@ -324,10 +324,13 @@ impl<FS: Filesystem> Session<FS> {
                 session_owner,
                 ring_active: uring.is_some(),
             };
-            let ring_active = event_loop.ring_active;
             let ready = rings_ready.clone();
             threads.push(thread::Builder::new().name(thread_name).spawn(move || {
-                if ring_active { event_loop.forget_loop(&ready) } else { event_loop.event_loop() }
+                if event_loop.ring_active {
+                    event_loop.forget_loop(&ready)
+                } else {
+                    event_loop.event_loop()
+                }
             })?);
         }
 
@@ -480,9 +483,17 @@ impl<FS: Filesystem> Session<FS> {
                 && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
             {
                 let cap = crate::uring::payload_size(config.max_write, config.max_pages());
-                match crate::uring::prepare(self.ch.device(), per_queue, cap, self.mountpoint.clone()) {
+                match crate::uring::prepare(
+                    self.ch.device(),
+                    per_queue,
+                    cap,
+                    self.mountpoint.clone(),
+                ) {
                     Ok(rings) => {
-                        if config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok() {
+                        if config
+                            .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                            .is_ok()
+                        {
                             self.uring = Some(rings);
                         }
                     }
@@ -597,62 +608,93 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         let mut buf = FuseReadBuf::new()?;
         let buf = buf.as_mut();
         loop {
-            if let Some(end) = self.serve_one(buf) {
+            if let Served::End(end) = self.serve_one(buf) {
                 return end;
             }
         }
     }
 
     /// Reads the next request (blocking until there is one) and dispatches
-    /// it; `Some` ends the loop.
-    fn serve_one(&self, buf: &mut [u8]) -> Option<io::Result<()>> {
+    /// it.
+    fn serve_one(&self, buf: &mut [u8]) -> Served {
         // The kernel driver makes sure that we get exactly one request per read
         let size = match self.ch.receive_retrying(buf) {
             Ok(size) => size,
-            Err(nix::errno::Errno::ENODEV) => return Some(Ok(())),
-            Err(err) => return Some(Err(err.into())),
+            Err(nix::errno::Errno::ENODEV) => return Served::End(Ok(())),
+            Err(err) => return Served::End(Err(err.into())),
         };
         match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
             Some(req) => {
-                if let Ok(Operation::Destroy(_)) = req.request.operation() {
-                    req.reply::<ReplyEmpty>().ok();
-                    return Some(Ok(()));
-                }
+                let forget = match req.request.operation() {
+                    Ok(Operation::Destroy(_)) => {
+                        req.reply::<ReplyEmpty>().ok();
+                        return Served::End(Ok(()));
+                    }
+                    Ok(
+                        Operation::Forget(_) | Operation::BatchForget(_) | Operation::Interrupt(_),
+                    ) => true,
+                    _ => false,
+                };
                 req.dispatch(self);
-                None
+                if forget {
+                    Served::Forget
+                } else {
+                    Served::Other
+                }
             }
             // Quit loop on illegal request
-            None => Some(Err(io::Error::new(io::ErrorKind::InvalidData, "Invalid request"))),
+            None => Served::End(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "Invalid request",
+            ))),
         }
     }
 
-    /// `/dev/fuse` beside the rings: until every CPU's queue has an entry
-    /// (`ready`) any request may come here, and this thread reads as
-    /// `event_loop` does; after that only FORGETs (and INTERRUPTs, left
-    /// unanswered) come. A thread asleep in `read` sits on the connection's
-    /// wait queue, so each FORGET the kernel queues — one per evicted inode,
-    /// i.e. per `unlink` of a file nobody holds — wakes it, usually on
-    /// another CPU, and the process whose `unlink` evicted the inode pays
-    /// that wake-up inside its system call (perf: ~7% of all samples of an
-    /// `unlinkat` loop, in `__wake_up` from `fuse_dev_queue_forget`). So once
-    /// the rings are up this thread never waits on the queue: it sleeps,
-    /// then drains whatever is pending with zero-timeout `poll`s (which do
-    /// not join the queue) and reads (the kernel batches queued FORGETs).
-    /// Forgetting late only keeps node ids alive a little longer; the pause
-    /// doubles while nothing comes, up to `MAX`, which also bounds how long
-    /// the end of the connection goes unnoticed here.
+    /// `/dev/fuse` beside the rings. Once every CPU's queue has an entry the
+    /// kernel sends only FORGETs (and INTERRUPTs, left unanswered) here, and
+    /// until then it holds every other request. A thread asleep in `read`
+    /// sits on the connection's wait queue, so each FORGET the kernel queues
+    /// — one per evicted inode, i.e. per `unlink` of a file nobody holds —
+    /// wakes it, usually on another CPU, and the process whose `unlink`
+    /// evicted the inode pays that wake-up inside its system call (perf:
+    /// ~7% of all samples of an `unlinkat` loop, in `__wake_up` from
+    /// `fuse_dev_queue_forget`). So while FORGETs keep coming this thread
+    /// does not wait on the queue: it sleeps, then drains whatever is
+    /// pending with zero-timeout `poll`s (which do not join the queue) and
+    /// reads (the kernel batches queued FORGETs). The pause doubles while
+    /// nothing comes, up to `MAX`; after `IDLE` empty rounds at `MAX` the
+    /// thread goes back to a blocking `read`, so an idle daemon sleeps and
+    /// the first FORGET of the next burst costs one wake-up. Forgetting late
+    /// only keeps a node id a little longer.
+    ///
+    /// Blocking reads also serve the rings' start (`ready`: their threads
+    /// are started; the kernel holds requests until they have registered),
+    /// and any other request read here means the kernel stopped using the
+    /// rings (a registration it refused): then this is `event_loop` again.
     fn forget_loop(&self, ready: &AtomicBool) -> io::Result<()> {
         const MIN: Duration = Duration::from_millis(1);
         const MAX: Duration = Duration::from_millis(32);
+        const IDLE: u32 = 8;
         let mut buf = FuseReadBuf::new()?;
         let buf = buf.as_mut();
-        while !ready.load(Ordering::Acquire) {
-            if let Some(end) = self.serve_one(buf) {
-                return end;
-            }
-        }
         let mut pause = MIN;
+        let mut idle = 0;
         loop {
+            let ended_or_other = |served: Served| match served {
+                Served::End(end) => Some(end),
+                Served::Other if ready.load(Ordering::Acquire) => {
+                    warn!("FUSE io_uring: requests arrive on /dev/fuse again; serving them there");
+                    Some(self.event_loop())
+                }
+                Served::Other | Served::Forget => None,
+            };
+            if !ready.load(Ordering::Acquire) || idle >= IDLE {
+                if let Some(end) = ended_or_other(self.serve_one(buf)) {
+                    return end;
+                }
+                (pause, idle) = (MIN, 0);
+                continue;
+            }
             thread::sleep(pause);
             let mut got = false;
             loop {
@@ -674,13 +716,29 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                     _ => {}
                 }
                 got = true;
-                if let Some(end) = self.serve_one(buf) {
+                if let Some(end) = ended_or_other(self.serve_one(buf)) {
                     return end;
                 }
             }
-            pause = if got { MIN } else { (pause * 2).min(MAX) };
+            if got {
+                (pause, idle) = (MIN, 0);
+            } else if pause < MAX {
+                pause = (pause * 2).min(MAX);
+            } else {
+                idle += 1;
+            }
         }
     }
+}
+
+/// What `SessionEventLoop::serve_one` read.
+enum Served {
+    /// The session ends (unmounted, DESTROY, an error).
+    End(io::Result<()>),
+    /// A FORGET, BATCH_FORGET or INTERRUPT.
+    Forget,
+    /// Any other request.
+    Other,
 }
 
 /// The background session data structure

@@ -10,8 +10,9 @@
 //! payload buffer registered with `FUSE_IO_URING_CMD_REGISTER`), so a
 //! handler that blocks (a commit waiting for its `fdatasync`) holds only its
 //! own entry; the kernel gives the queue's next request to another thread's.
-//! FORGET and INTERRUPT still arrive on `/dev/fuse`, as does everything
-//! before every queue has an entry, so the `/dev/fuse` threads keep running.
+//! FORGET and INTERRUPT still arrive on `/dev/fuse`, so one `/dev/fuse`
+//! thread keeps running (`SessionEventLoop::forget_loop`); the kernel holds
+//! every other request until each queue has an entry.
 //!
 //! The kernel splits a request into the `fuse_in_header`, the operation's
 //! first argument and the rest (the payload). fuser parses the `/dev/fuse`
@@ -744,8 +745,11 @@ impl RingThread {
                     }
                     // A session on a descriptor it was given (a `txfs
                     // run` view) is not worth the process: this thread
-                    // ends, and the connection's requests wait (killably)
-                    // until its command is interrupted or killed.
+                    // ends. A refused registration can also make the
+                    // kernel give up the rings and send requests to
+                    // /dev/fuse (`forget_loop` then serves them there);
+                    // otherwise they wait (killably) until the command is
+                    // interrupted or killed.
                     return Err(err);
                 } else if !self.slots[i].fetched && res != -libc::ENOTCONN && res != -libc::ECONNABORTED {
                     warn!("FUSE io_uring queue {}: registering another entry: {err}", self.qid);
