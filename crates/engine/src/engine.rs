@@ -607,6 +607,15 @@ impl State {
 
     /// Reads file content as `tx` (or, with `None`, everyone) sees it.
     pub(crate) fn read_content(&self, tx: Option<&Tx>, o: ObjId, off: u64, len: usize) -> Result<Vec<u8>> {
+        let layers = [self.frozen.as_ref(), Some(&self.committed), tx.map(|t| &t.delta)];
+        if !layers.into_iter().flatten().any(|d| d.objs.get(&o).is_some_and(|od| od.file.is_some())) {
+            // Nothing overlays the backing file (and no checkpoint writes
+            // it: that keeps its delta in `frozen` until done), so its
+            // bytes up to its end are the content: no `lstat` for the
+            // size, which cost every READ an openat2 walk, a stat and a
+            // close (a fifth of a cold 4 KiB read's daemon time).
+            return self.read_base(o, off, len);
+        }
         let base_size = match self.base_meta(o)? {
             Some(m) => m.size,
             None => 0,
@@ -629,7 +638,6 @@ impl State {
             buf[got..].fill(0);
         }
         let mut size = base_size;
-        let layers = [self.frozen.as_ref(), Some(&self.committed), tx.map(|t| &t.delta)];
         for d in layers.into_iter().flatten() {
             if let Some(f) = d.objs.get(&o).and_then(|od| od.file.as_ref()) {
                 size = f
@@ -639,6 +647,26 @@ impl State {
         }
         let keep = size.saturating_sub(off).min(len as u64) as usize;
         buf.truncate(keep);
+        Ok(buf)
+    }
+
+    /// `len` bytes at `off` of `o`'s backing file, fewer at its end.
+    fn read_base(&self, o: ObjId, off: u64, len: usize) -> Result<Vec<u8>> {
+        let n = self.nodes.get(&o).ok_or(Error::Stale(o))?;
+        let Some(path) = n.base.as_ref().and_then(|_| self.base_path(o)) else { return Ok(Vec::new()) };
+        let mut buf = vec![0u8; len];
+        let mut got = 0;
+        while got < len {
+            let n = self
+                .storage
+                .read_at(&path, off + got as u64, &mut buf[got..])
+                .ctx("read", || path.display().to_string())?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        buf.truncate(got);
         Ok(buf)
     }
 
