@@ -616,10 +616,7 @@ impl State {
             // close (a fifth of a cold 4 KiB read's daemon time).
             return self.read_base(o, off, len);
         }
-        let base_size = match self.base_meta(o)? {
-            Some(m) => m.size,
-            None => 0,
-        };
+        let base_size = self.base_len(o)?;
         let mut buf = vec![0u8; len];
         if off < base_size {
             let path = self.base_path(o).ok_or(Error::Stale(o))?;
@@ -648,6 +645,13 @@ impl State {
         let keep = size.saturating_sub(off).min(len as u64) as usize;
         buf.truncate(keep);
         Ok(buf)
+    }
+
+    /// The size of `o`'s backing file (0 if it has none).
+    fn base_len(&self, o: ObjId) -> Result<u64> {
+        let n = self.nodes.get(&o).ok_or(Error::Stale(o))?;
+        let Some(p) = n.base.as_ref().and_then(|_| self.base_path(o)) else { return Ok(0) };
+        self.storage.file_len(&p).map_err(|e| Error::io("stat", p.display().to_string(), e))
     }
 
     /// `len` bytes at `off` of `o`'s backing file, fewer at its end.

@@ -111,6 +111,10 @@ pub trait Storage: Send + Sync + 'static {
     fn read_dir(&self, path: &Path) -> io::Result<Vec<(OsString, FileKind)>>;
     /// Reads from a regular file; returns the count read (0 at or past EOF).
     fn read_at(&self, path: &Path, off: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// The size of a regular file (what `lstat` gives, possibly cheaper).
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        self.lstat(path).map(|m| m.size)
+    }
     /// Writes all of `data` at `off` of a regular file, extending it if needed.
     fn write_at(&self, path: &Path, off: u64, data: &[u8]) -> io::Result<()>;
     fn set_len(&self, path: &Path, len: u64) -> io::Result<()>;

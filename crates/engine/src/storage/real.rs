@@ -363,6 +363,12 @@ impl Storage for RealFs {
         read_full(&*self.reader(path)?, off, buf)
     }
 
+    /// `fstat` of the read descriptor (one call) instead of `lstat`'s
+    /// openat2 walk, stat and close.
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        Ok(self.reader(path)?.metadata()?.len())
+    }
+
     fn write_at(&self, path: &Path, off: u64, data: &[u8]) -> io::Result<()> {
         self.open_regular(path, libc::O_WRONLY, 0)?.write_all_at(data, off)
     }
