@@ -478,7 +478,13 @@ fn sigterm_to_txfs_run_stops_the_command_and_aborts() {
 /// kernel offers it, as the shared mount does.
 #[test]
 fn many_views_give_back_descriptors_threads_and_memory() {
-    let m = Mount::new();
+    let mut m = Mount::new();
+    // One malloc arena: with glibc's default (8 per CPU) what the daemon
+    // keeps after 20 views depends on which of its short-lived threads
+    // allocated where (13–31 MiB more here, with no leak: one arena keeps
+    // it flat at +0.1 MiB over 45 views), so only the single arena tells a
+    // leak from the allocator's retention.
+    m.restart_with_env("MALLOC_ARENA_MAX", "1");
     let pid = m.daemon_pid().expect("daemon");
     let count = |what: &str| std::fs::read_dir(format!("/proc/{pid}/{what}")).unwrap().count();
     let rss_kib = || -> u64 {
@@ -503,7 +509,7 @@ fn many_views_give_back_descriptors_threads_and_memory() {
     let settled = settle(fds + 2, threads);
     let (fds2, threads2, rss2) = (count("fd"), count("task"), rss_kib());
     assert!(settled, "after 20 views: descriptors {fds} → {fds2}, threads {threads} → {threads2}");
-    assert!(rss2 < rss + 32 * 1024, "after 20 views the daemon's RSS grew {rss} → {rss2} KiB");
+    assert!(rss2 < rss + 8 * 1024, "after 20 views the daemon's RSS grew {rss} → {rss2} KiB");
     assert!(m.log_text().contains("serving a transaction view"), "ran in views");
     // Views use the ring exactly when the shared mount got it (io_uring can
     // be refused even where the module offers it: seccomp, io_uring_disabled).
