@@ -659,17 +659,8 @@ impl State {
         let n = self.nodes.get(&o).ok_or(Error::Stale(o))?;
         let Some(path) = n.base.as_ref().and_then(|_| self.base_path(o)) else { return Ok(Vec::new()) };
         let mut buf = vec![0u8; len];
-        let mut got = 0;
-        while got < len {
-            let n = self
-                .storage
-                .read_at(&path, off + got as u64, &mut buf[got..])
-                .ctx("read", || path.display().to_string())?;
-            if n == 0 {
-                break;
-            }
-            got += n;
-        }
+        // `read_at` is short only at the end of the file.
+        let got = self.storage.read_at(&path, off, &mut buf).ctx("read", || path.display().to_string())?;
         buf.truncate(got);
         Ok(buf)
     }

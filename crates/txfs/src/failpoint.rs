@@ -192,6 +192,9 @@ impl Storage for FailFs {
     fn read_at(&self, path: &Path, off: u64, buf: &mut [u8]) -> io::Result<usize> {
         self.inner.read_at(path, off, buf)
     }
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        self.inner.file_len(path)
+    }
     fn write_at(&self, path: &Path, off: u64, data: &[u8]) -> io::Result<()> {
         self.armed.before("write", path, false);
         self.inner.write_at(path, off, data)

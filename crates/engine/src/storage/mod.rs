@@ -109,7 +109,8 @@ pub trait Storage: Send + Sync + 'static {
     fn lstat(&self, path: &Path) -> io::Result<Meta>;
     /// Entries of a directory, without `.` and `..`, in no particular order.
     fn read_dir(&self, path: &Path) -> io::Result<Vec<(OsString, FileKind)>>;
-    /// Reads from a regular file; returns the count read (0 at or past EOF).
+    /// Reads from a regular file; returns the count read, less than
+    /// `buf.len()` only where the file ends (0 at or past EOF).
     fn read_at(&self, path: &Path, off: u64, buf: &mut [u8]) -> io::Result<usize>;
     /// The size of a regular file (what `lstat` gives, possibly cheaper).
     fn file_len(&self, path: &Path) -> io::Result<u64> {

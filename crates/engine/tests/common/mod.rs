@@ -154,6 +154,9 @@ macro_rules! pass_through {
     (@one $i:ident read_at) => {
         fn read_at(&self, p: &std::path::Path, off: u64, buf: &mut [u8]) -> std::io::Result<usize> { self.$i.read_at(p, off, buf) }
     };
+    (@one $i:ident file_len) => {
+        fn file_len(&self, p: &std::path::Path) -> std::io::Result<u64> { self.$i.file_len(p) }
+    };
     (@one $i:ident write_at) => {
         fn write_at(&self, p: &std::path::Path, off: u64, data: &[u8]) -> std::io::Result<()> { self.$i.write_at(p, off, data) }
     };
