@@ -434,12 +434,14 @@ impl State {
         Ok(Some(o))
     }
 
-    fn base_meta(&self, o: ObjId) -> Result<Option<Meta>> {
+    /// The path of `o`'s backing file, if it has one.
+    fn base_file(&self, o: ObjId) -> Result<Option<PathBuf>> {
         let n = self.nodes.get(&o).ok_or(Error::Stale(o))?;
-        if n.base.is_none() {
-            return Ok(None);
-        }
-        let Some(p) = self.base_path(o) else { return Ok(None) };
+        Ok(n.base.as_ref().and_then(|_| self.base_path(o)))
+    }
+
+    fn base_meta(&self, o: ObjId) -> Result<Option<Meta>> {
+        let Some(p) = self.base_file(o)? else { return Ok(None) };
         match self.storage.lstat(&p) {
             Ok(m) => Ok(Some(m)),
             Err(e) => Err(Error::io("stat", p.display().to_string(), e)),
@@ -616,24 +618,15 @@ impl State {
             // close (a fifth of a cold 4 KiB read's daemon time).
             return self.read_base(o, off, len);
         }
-        let base_size = self.base_len(o)?;
-        let mut buf = vec![0u8; len];
-        if off < base_size {
-            let path = self.base_path(o).ok_or(Error::Stale(o))?;
-            let want = ((base_size - off) as usize).min(len);
-            let mut got = 0;
-            while got < want {
-                let n = self
-                    .storage
-                    .read_at(&path, off + got as u64, &mut buf[got..want])
-                    .ctx("read", || path.display().to_string())?;
-                if n == 0 {
-                    break;
-                }
-                got += n;
-            }
-            buf[got..].fill(0);
-        }
+        let base_size = match self.base_file(o)? {
+            Some(p) => self.storage.file_len(&p).map_err(|e| Error::io("stat", p.display().to_string(), e))?,
+            None => 0,
+        };
+        let mut buf = match base_size.checked_sub(off) {
+            Some(left) if left > 0 => self.read_base(o, off, (left as usize).min(len))?,
+            _ => Vec::new(),
+        };
+        buf.resize(len, 0);
         let mut size = base_size;
         for d in layers.into_iter().flatten() {
             if let Some(f) = d.objs.get(&o).and_then(|od| od.file.as_ref()) {
@@ -647,17 +640,9 @@ impl State {
         Ok(buf)
     }
 
-    /// The size of `o`'s backing file (0 if it has none).
-    fn base_len(&self, o: ObjId) -> Result<u64> {
-        let n = self.nodes.get(&o).ok_or(Error::Stale(o))?;
-        let Some(p) = n.base.as_ref().and_then(|_| self.base_path(o)) else { return Ok(0) };
-        self.storage.file_len(&p).map_err(|e| Error::io("stat", p.display().to_string(), e))
-    }
-
     /// `len` bytes at `off` of `o`'s backing file, fewer at its end.
     fn read_base(&self, o: ObjId, off: u64, len: usize) -> Result<Vec<u8>> {
-        let n = self.nodes.get(&o).ok_or(Error::Stale(o))?;
-        let Some(path) = n.base.as_ref().and_then(|_| self.base_path(o)) else { return Ok(Vec::new()) };
+        let Some(path) = self.base_file(o)? else { return Ok(Vec::new()) };
         let mut buf = vec![0u8; len];
         // `read_at` is short only at the end of the file.
         let got = self.storage.read_at(&path, off, &mut buf).ctx("read", || path.display().to_string())?;

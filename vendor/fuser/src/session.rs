@@ -677,17 +677,17 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         const IDLE: u32 = 8;
         let mut buf = FuseReadBuf::new()?;
         let buf = buf.as_mut();
+        let ended_or_other = |served: Served| match served {
+            Served::End(end) => Some(end),
+            Served::Other if ready.load(Ordering::Acquire) => {
+                warn!("FUSE io_uring: requests arrive on /dev/fuse again; serving them there");
+                Some(self.event_loop())
+            }
+            Served::Other | Served::Forget => None,
+        };
         let mut pause = MIN;
         let mut idle = 0;
         loop {
-            let ended_or_other = |served: Served| match served {
-                Served::End(end) => Some(end),
-                Served::Other if ready.load(Ordering::Acquire) => {
-                    warn!("FUSE io_uring: requests arrive on /dev/fuse again; serving them there");
-                    Some(self.event_loop())
-                }
-                Served::Other | Served::Forget => None,
-            };
             if !ready.load(Ordering::Acquire) || idle >= IDLE {
                 if let Some(end) = ended_or_other(self.serve_one(buf)) {
                     return end;
