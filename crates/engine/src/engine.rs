@@ -619,8 +619,8 @@ impl State {
             return match self.read_base(o, off, len) {
                 // A daemon that may not open the file: a read at or past
                 // its end still reads nothing, as the size says.
-                Err(e) if matches!(e.errno(), libc::EACCES | libc::EPERM) => match self.base_meta(o)? {
-                    Some(m) if off >= m.size => Ok(Vec::new()),
+                Err(e) if matches!(e.errno(), libc::EACCES | libc::EPERM) => match self.base_meta(o) {
+                    Ok(Some(m)) if off >= m.size => Ok(Vec::new()),
                     _ => Err(e),
                 },
                 r => r,

@@ -50,4 +50,9 @@ fn an_unreadable_backing_file_reads_nothing_at_its_end() {
     assert_eq!(err.errno(), libc::EACCES, "{err}");
     let err = e.read(None, f, 9, 4096).unwrap_err();
     assert_eq!(err.errno(), libc::EACCES, "one byte before the end: {err}");
+    // Inside a transaction that has not changed the file: the same.
+    let tx = e.begin();
+    assert_eq!(e.read(Some(tx), f, 10, 4096).unwrap(), b"", "at the end, in a transaction");
+    assert_eq!(e.read(Some(tx), f, 3, 4).unwrap_err().errno(), libc::EACCES);
+    e.abort(tx).unwrap();
 }
