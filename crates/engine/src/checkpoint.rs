@@ -1018,6 +1018,7 @@ pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
         return Err(e);
     }
     st.frozen = None;
+    st.tree_gen += 1;
     st.journal_files.remove(&plan.epoch);
     // The retired journal was the last thing naming the epoch's data files
     // (those placed by rename are gone from data/ already). A crash before
@@ -1059,6 +1060,9 @@ fn space_needed(plan: &Plan) -> u64 {
 /// committed delta becomes `frozen` and commits go to the next journal.
 #[allow(clippy::type_complexity)]
 fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, Arc<dyn StoredFile>, Vec<ObjId>)> {
+    // Reads running without the lock must not trust what they read (J1's
+    // phases 1 and 2 rename the tree's files under the lock, below).
+    st.tree_gen += 1;
     let (plan, upd) = build(st)?;
     let storage = st.storage.clone();
     // Not enough room: fail before the backing tree changes, so nothing is
@@ -1167,6 +1171,9 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
 /// Unlinks orphans whose last handle closed. Only when no journal record
 /// can name them any more (J1); a crash first leaves them to recovery.
 fn remove_released_orphans(st: &mut State, released: Vec<ObjId>) {
+    if !released.is_empty() {
+        st.tree_gen += 1;
+    }
     for o in released {
         if let Some(pth) = st.base_path(o) {
             let _ = st.storage.unlink(&pth);

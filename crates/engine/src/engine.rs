@@ -235,6 +235,11 @@ pub(crate) struct State {
     /// attributes are being written (phase 3, outside the lock), so reads
     /// lay them over the tree until the checkpoint ends (DESIGN §4).
     pub frozen: Option<Delta>,
+    /// Bumped, under the lock, before anything renames or removes a file of
+    /// the backing tree (a checkpoint's start, an orphan's removal) and when
+    /// a checkpoint ends: a read that ran without the lock counts only if
+    /// this did not move meanwhile ([`Engine::read`]).
+    pub tree_gen: u64,
     /// Directory parents changed by the committed delta (dirs only).
     pub txs: HashMap<TxId, Tx>,
     pub ver: Versions,
@@ -607,15 +612,21 @@ impl State {
         Ok(a)
     }
 
+    /// Whether no layer changes `o`'s bytes, so that its backing file up to
+    /// its end is its content (no checkpoint writes it either: that keeps
+    /// its delta in `frozen` until done).
+    fn bare(&self, tx: Option<&Tx>, o: ObjId) -> bool {
+        let layers = [self.frozen.as_ref(), Some(&self.committed), tx.map(|t| &t.delta)];
+        !layers.into_iter().flatten().any(|d| d.objs.get(&o).is_some_and(|od| od.file.is_some()))
+    }
+
     /// Reads file content as `tx` (or, with `None`, everyone) sees it.
     pub(crate) fn read_content(&self, tx: Option<&Tx>, o: ObjId, off: u64, len: usize) -> Result<Vec<u8>> {
         let layers = [self.frozen.as_ref(), Some(&self.committed), tx.map(|t| &t.delta)];
-        if !layers.into_iter().flatten().any(|d| d.objs.get(&o).is_some_and(|od| od.file.is_some())) {
-            // Nothing overlays the backing file (and no checkpoint writes
-            // it: that keeps its delta in `frozen` until done), so its
-            // bytes up to its end are the content: no `lstat` for the
-            // size, which cost every READ an openat2 walk, a stat and a
-            // close (a fifth of a cold 4 KiB read's daemon time).
+        if self.bare(tx, o) {
+            // No `lstat` for the size, which cost every READ an openat2
+            // walk, a stat and a close (a fifth of a cold 4 KiB read's
+            // daemon time).
             return match self.read_base(o, off, len) {
                 // A daemon that may not open the file: a read at or past
                 // its end still reads nothing, as the size says.
@@ -1524,20 +1535,62 @@ impl Engine {
     }
 
     /// Reads up to `len` bytes at `off` (fewer at end of file).
+    ///
+    /// A file no layer changes is read from its backing file without the
+    /// engine lock, so a cold read waits for the disk alone rather than
+    /// holding up every other request (bench/NOTES.md item 42). What the
+    /// path names can change meanwhile only under the lock and only with
+    /// `tree_gen` bumped, and a commit that changes the file gives it a
+    /// layer: if either happened, the read is done again under the lock.
     pub fn read(&self, tx: Option<TxId>, o: ObjId, off: u64, len: usize) -> Result<Vec<u8>> {
-        self.run(tx, |st, t| {
-            match st.kind_in(Some(t), o)? {
-                FileKind::File => {}
-                FileKind::Dir => return Err(Error::posix("read", o.to_string(), libc::EISDIR)),
-                _ => return Err(Error::posix("read", o.to_string(), libc::EINVAL)),
-            }
-            st.read_pages(t, o, off, off.saturating_add(len as u64))?;
+        let end = off.saturating_add(len as u64);
+        let file = |st: &State, t: &Tx| match st.kind_in(Some(t), o)? {
+            FileKind::File => Ok(()),
+            FileKind::Dir => Err(Error::posix("read", o.to_string(), libc::EISDIR)),
+            _ => Err(Error::posix("read", o.to_string(), libc::EINVAL)),
+        };
+        // Checks the kind and the pages' stamps (I2) each time: a retry may
+        // come after a checkpoint removed the file (ESTALE, never an empty
+        // read) or a commit changed the pages since the transaction began.
+        let locked = |st: &mut State, t: &mut Tx| {
+            file(st, t)?;
+            st.read_pages(t, o, off, end)?;
             let out = st.read_content(Some(t), o, off, len)?;
             if out.len() < len {
                 // A short read depends on the size.
                 st.read_meta(t, o)?;
             }
             Ok(out)
+        };
+        let unlocked = self.run(tx, |st, t| {
+            if st.bare(Some(t), o) {
+                file(st, t)?;
+                if let Some(path) = st.base_file(o)? {
+                    st.read_pages(t, o, off, end)?;
+                    return Ok(Err((path, st.tree_gen, st.storage.clone())));
+                }
+            }
+            locked(st, t).map(Ok)
+        })?;
+        let (path, gen, storage) = match unlocked {
+            Ok(out) => return Ok(out),
+            Err(at) => at,
+        };
+        let mut buf = vec![0u8; len];
+        // `read_at` is short only at the end of the file.
+        let got = storage.read_at(&path, off, &mut buf);
+        self.run(tx, |st, t| match got {
+            Ok(n) if st.tree_gen == gen && st.bare(Some(t), o) => {
+                buf.truncate(n);
+                if n < len {
+                    st.read_meta(t, o)?;
+                }
+                Ok(std::mem::take(&mut buf))
+            }
+            // Raced (a commit or a checkpoint changed the file or its
+            // path), or failed: the locked read decides and reports — a
+            // transaction that began before such a commit conflicts (I2).
+            _ => locked(st, t),
         })
     }
 

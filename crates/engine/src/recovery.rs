@@ -285,6 +285,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         by_ino: HashMap::new(),
         committed: Delta::default(),
         frozen: None,
+        tree_gen: 0,
         txs: HashMap::new(),
         ver: Default::default(),
         next_obj: FIRST_FREE_OBJ,
