@@ -71,6 +71,11 @@ pub struct Options {
     /// How often the background thread makes ordered commits durable and
     /// checks the journal size; `None`: no background thread.
     pub flush_interval: Option<Duration>,
+    /// A mount with committed changes and no commit for this long is
+    /// checkpointed in the background (with `flush_interval`): reads then
+    /// find untouched files, the committed delta's memory is given back,
+    /// and a crash has less to replay. `None`: only by size.
+    pub idle_checkpoint: Option<Duration>,
 }
 
 impl Default for Options {
@@ -80,6 +85,7 @@ impl Default for Options {
             stage_threshold: 16 << 20,
             checkpoint_bytes: 256 << 20,
             flush_interval: Some(Duration::from_millis(500)),
+            idle_checkpoint: Some(Duration::from_secs(5)),
         }
     }
 }
@@ -1939,6 +1945,8 @@ fn background(sh: Arc<Shared>, iv: Duration) {
     let step = Duration::from_millis(10).min(iv);
     let mut waited = Duration::ZERO;
     let mut postponed = false;
+    // The last commit seen and how long ago it was first seen.
+    let (mut seen, mut idle) = (Seq(0), Duration::ZERO);
     while !sh.stop.load(Ordering::Relaxed) {
         std::thread::sleep(step);
         waited += step;
@@ -1953,8 +1961,18 @@ fn background(sh: Arc<Shared>, iv: Duration) {
             }
             sh.flushes.fetch_add(1, Ordering::Relaxed);
         }
-        let big = sh.state.lock().uncheckpointed() > sh.opts.checkpoint_bytes;
-        if big {
+        let (big, pending, seq) = {
+            let st = sh.state.lock();
+            (st.uncheckpointed() > sh.opts.checkpoint_bytes, !st.committed.is_empty(), st.seq)
+        };
+        if seq != seen {
+            (seen, idle) = (seq, Duration::ZERO);
+        } else {
+            idle += iv;
+        }
+        let quiet = pending && sh.opts.idle_checkpoint.is_some_and(|d| idle >= d);
+        if big || quiet {
+            idle = Duration::ZERO;
             let _one = sh.ckpt_lock.lock();
             let target = *sh.sync.written.lock();
             if let Err(e) = sh.sync.wait_durable(target) {
