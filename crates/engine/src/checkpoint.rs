@@ -11,7 +11,9 @@
 //!  phase 1  move out   every backing entry the delta changes is renamed to
 //!                      .txfs/stage/o<id> (or unlinked, for a second link),
 //!                      deepest path first      — skip if already gone
-//!           marker     syncfs; create .txfs/ckpt-<epoch>.p1; fsync .txfs
+//!           marker     fsync the directories phase 1 changed (syncfs past
+//!                      64 or if one moved); create .txfs/ckpt-<epoch>.p1;
+//!                      fsync .txfs
 //!  phase 2  place      staged and new objects go to their final names,
 //!                      shallowest first; extra hard links after; a new
 //!                      file whose content is exactly a data file is that

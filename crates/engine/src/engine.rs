@@ -1961,9 +1961,12 @@ fn background(sh: Arc<Shared>, iv: Duration) {
             }
             sh.flushes.fetch_add(1, Ordering::Relaxed);
         }
+        // A poisoned engine commits nothing more and refuses checkpoints:
+        // idleness would only log that every `idle_checkpoint`.
         let (big, pending, seq) = {
             let st = sh.state.lock();
-            (st.uncheckpointed() > sh.opts.checkpoint_bytes, !st.committed.is_empty(), st.seq)
+            let pending = !st.committed.is_empty() && st.poisoned.is_none();
+            (st.uncheckpointed() > sh.opts.checkpoint_bytes, pending, st.seq)
         };
         if seq != seen {
             (seen, idle) = (seq, Duration::ZERO);

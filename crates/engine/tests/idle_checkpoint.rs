@@ -40,8 +40,13 @@ fn a_quiet_engine_checkpoints_what_it_committed_once() {
     let tx = e.begin();
     let f = e.create(Some(tx), ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
     e.write(Some(tx), f, 0, b"committed").unwrap();
+    let committed = Instant::now();
     e.commit(tx, Durability::Ordered).unwrap();
-    assert_eq!(backing(&fs, "f"), b"", "checkpointed at once, not when idle");
+    let early = backing(&fs, "f");
+    // (A machine that stalled this thread for the idle time proves nothing.)
+    if committed.elapsed() < IDLE / 2 {
+        assert_eq!(early, b"", "checkpointed at once, not when idle");
+    }
 
     let deadline = Instant::now() + Duration::from_secs(30);
     while e.stats().checkpoints == before {
