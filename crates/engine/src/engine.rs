@@ -74,9 +74,16 @@ pub struct Options {
     /// A mount with committed changes and no commit for this long is
     /// checkpointed in the background (with `flush_interval`): reads then
     /// find untouched files, the committed delta's memory is given back,
-    /// and a crash has less to replay. `None`: only by size.
+    /// and a crash has less to replay. Not when the changes rename, create
+    /// or remove more than [`IDLE_CHECKPOINT_MAX_NAMES`] names: a
+    /// checkpoint moves names under the engine lock, and every request
+    /// waits for that (bench/NOTES.md item 45). `None`: only by size.
     pub idle_checkpoint: Option<Duration>,
 }
+
+/// The most name changes an idle checkpoint moves (see
+/// [`Options::idle_checkpoint`]): a few milliseconds of the lock.
+pub const IDLE_CHECKPOINT_MAX_NAMES: usize = 256;
 
 impl Default for Options {
     fn default() -> Self {
@@ -1961,11 +1968,19 @@ fn background(sh: Arc<Shared>, iv: Duration) {
             }
             sh.flushes.fetch_add(1, Ordering::Relaxed);
         }
-        // A poisoned engine commits nothing more and refuses checkpoints:
-        // idleness would only log that every `idle_checkpoint`.
+        // What an idle checkpoint may take: not a poisoned engine's (it
+        // commits nothing more and refuses checkpoints: idleness would only
+        // log that every `idle_checkpoint`), not many names (counted up to
+        // the bound, under the lock).
         let (big, pending, seq) = {
             let st = sh.state.lock();
-            let pending = !st.committed.is_empty() && st.poisoned.is_none();
+            let few_names = st
+                .committed
+                .dirs
+                .values()
+                .try_fold(0usize, |n, d| Some(n + d.len()).filter(|&n| n <= IDLE_CHECKPOINT_MAX_NAMES))
+                .is_some();
+            let pending = !st.committed.is_empty() && st.poisoned.is_none() && few_names;
             (st.uncheckpointed() > sh.opts.checkpoint_bytes, pending, st.seq)
         };
         if seq != seen {

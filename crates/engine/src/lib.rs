@@ -30,7 +30,10 @@ mod recovery;
 pub mod storage;
 mod versions;
 
-pub use engine::{Attr, DirEntry, Durability, Engine, Options, RenameFlags, SetAttr, Stats, META_DIR, NAME_MAX};
+pub use engine::{
+    Attr, DirEntry, Durability, Engine, Options, RenameFlags, SetAttr, Stats, IDLE_CHECKPOINT_MAX_NAMES, META_DIR,
+    NAME_MAX,
+};
 pub use error::{Error, Result, ECONFLICT};
 pub use ids::{Epoch, Lsn, ObjId, Seq, TxId};
 pub use recovery::{check, CheckReport, JournalReport};
