@@ -48,17 +48,7 @@ impl Storage for HoldRead {
 /// second than one, and every other request waited behind the disk.
 #[test]
 fn a_read_waiting_for_the_disk_holds_up_no_other_request() {
-    let fs = hold_read();
-    let e = Arc::new(Engine::open(fs.clone(), opts()).unwrap());
-    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
-    e.write(None, f, 0, b"committed").unwrap();
-    e.checkpoint().unwrap();
-    fs.armed.store(true, Ordering::SeqCst);
-    let reader = {
-        let e = e.clone();
-        std::thread::spawn(move || e.read(None, f, 0, 100))
-    };
-    wait_parked(&fs);
+    let (fs, e, _f, reader) = parked_read(b"committed", false);
     // The read is parked in the disk. A transaction writing another file
     // goes through meanwhile.
     let meanwhile = within(&fs, {
@@ -75,19 +65,32 @@ fn a_read_waiting_for_the_disk_holds_up_no_other_request() {
     assert_eq!(reader.join().unwrap().unwrap(), b"committed");
 }
 
-fn hold_read() -> Arc<HoldRead> {
-    Arc::new(HoldRead {
+type Reader = std::thread::JoinHandle<txfs_engine::Result<Vec<u8>>>;
+
+/// A checkpointed file `f` holding `content`, and a read of it (inside a
+/// transaction begun first, with `in_tx`) parked in the backing file.
+fn parked_read(content: &[u8], in_tx: bool) -> (Arc<HoldRead>, Arc<Engine>, ObjId, Reader) {
+    let fs = Arc::new(HoldRead {
         inner: Arc::new(MemFs::new()),
         armed: AtomicBool::new(false),
         state: Mutex::new((false, false)),
         cv: Condvar::new(),
-    })
-}
-
-fn wait_parked(fs: &HoldRead) {
+    });
+    let e = Arc::new(Engine::open(fs.clone(), opts()).unwrap());
+    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+    e.write(None, f, 0, content).unwrap();
+    e.checkpoint().unwrap();
+    let tx = in_tx.then(|| e.begin());
+    fs.armed.store(true, Ordering::SeqCst);
+    let reader = {
+        let e = e.clone();
+        std::thread::spawn(move || e.read(tx, f, 0, 100))
+    };
     let g = fs.state.lock().unwrap();
     let (g, _) = fs.cv.wait_timeout_while(g, Duration::from_secs(20), |s| !s.0).unwrap();
     assert!(g.0, "the read never reached the backing file");
+    drop(g);
+    (fs, e, f, reader)
 }
 
 /// Story: a transaction's read parked in the disk while a plain write
@@ -97,18 +100,7 @@ fn wait_parked(fs: &HoldRead) {
 /// auditors). It must conflict (I2), as a read after that commit does.
 #[test]
 fn a_read_raced_by_a_commit_and_a_checkpoint_keeps_its_snapshot() {
-    let fs = hold_read();
-    let e = Arc::new(Engine::open(fs.clone(), opts()).unwrap());
-    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
-    e.write(None, f, 0, b"old").unwrap();
-    e.checkpoint().unwrap();
-    let tx = e.begin();
-    fs.armed.store(true, Ordering::SeqCst);
-    let reader = {
-        let e = e.clone();
-        std::thread::spawn(move || e.read(Some(tx), f, 0, 100))
-    };
-    wait_parked(&fs);
+    let (fs, e, f, reader) = parked_read(b"old", true);
     let meanwhile = within(&fs, {
         let e = e.clone();
         move || {
@@ -142,17 +134,7 @@ fn within(fs: &HoldRead, f: impl FnOnce() + Send + 'static) -> Result<(), mpsc::
 /// as empty, where a read of a removed object is ESTALE.
 #[test]
 fn a_file_removed_under_a_read_is_stale_not_empty() {
-    let fs = hold_read();
-    let e = Arc::new(Engine::open(fs.clone(), opts()).unwrap());
-    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
-    e.write(None, f, 0, b"bytes").unwrap();
-    e.checkpoint().unwrap();
-    fs.armed.store(true, Ordering::SeqCst);
-    let reader = {
-        let e = e.clone();
-        std::thread::spawn(move || e.read(None, f, 0, 100))
-    };
-    wait_parked(&fs);
+    let (fs, e, _f, reader) = parked_read(b"bytes", false);
     let meanwhile = within(&fs, {
         let e = e.clone();
         move || {
