@@ -1575,19 +1575,24 @@ impl Engine {
             }
             Ok(out)
         };
-        let unlocked = self.run(tx, |st, t| {
+        enum First {
+            Read(Vec<u8>),
+            /// Read the backing file at this path without the lock.
+            Unlocked(PathBuf, u64, Arc<dyn Storage>),
+        }
+        let first = self.run(tx, |st, t| {
             if st.bare(Some(t), o) {
                 file(st, t)?;
                 if let Some(path) = st.base_file(o)? {
                     st.read_pages(t, o, off, end)?;
-                    return Ok(Err((path, st.tree_gen, st.storage.clone())));
+                    return Ok(First::Unlocked(path, st.tree_gen, st.storage.clone()));
                 }
             }
-            locked(st, t).map(Ok)
+            locked(st, t).map(First::Read)
         })?;
-        let (path, gen, storage) = match unlocked {
-            Ok(out) => return Ok(out),
-            Err(at) => at,
+        let (path, gen, storage) = match first {
+            First::Read(out) => return Ok(out),
+            First::Unlocked(path, gen, storage) => (path, gen, storage),
         };
         let mut buf = vec![0u8; len];
         // `read_at` is short only at the end of the file.
