@@ -3,7 +3,7 @@ on the same (ext4 or whatever) file system as its backing directory for the
 native side of each comparison.
 
 The daemon is ``$TXFS_BIN`` or ``target/debug/txfs`` of this checkout; the
-tests are skipped (only) when it does not exist. ``$TXFS_TMP_PREFIX`` names the
+tests fail, saying how to build it, when it does not exist. ``$TXFS_TMP_PREFIX`` names the
 prefix of the scratch directory in /tmp (default ``txfs-examples.``).
 """
 
@@ -50,7 +50,7 @@ def _tail(path: str) -> str:
 def txfs_mount() -> Iterator[Mount]:
     binary = os.environ.get("TXFS_BIN") or str(ROOT / "target" / "debug" / "txfs")
     if not os.path.exists(binary):
-        pytest.skip(f"no txfs binary at {binary} (cargo build -p txfs-fuse, or set TXFS_BIN)")
+        pytest.fail(f"no txfs binary at {binary} (cargo build -p txfs-fuse at the repository root, or set TXFS_BIN)")
     base = os.path.realpath(tempfile.mkdtemp(prefix=os.environ.get("TXFS_TMP_PREFIX", "txfs-examples.")))
     backing, mnt, native = (os.path.join(base, d) for d in ("backing", "mnt", "native"))
     for d in (backing, mnt, native):

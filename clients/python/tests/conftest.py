@@ -1,7 +1,8 @@
 """Fixtures: a txfs daemon mounted for the integration tests.
 
-The daemon is ``$TXFS_BIN`` or /work/main/target/debug/txfs; when that file
-does not exist the integration tests are skipped (and only then). The mount
+The daemon is ``$TXFS_BIN`` or the debug binary of this checkout
+(``target/debug/txfs`` at the repository root); when that file does not
+exist the integration tests fail, saying how to build it. The mount
 is always undone in teardown (fusermount3 -u, else umount, else umount -l)
 and the daemon stopped.
 """
@@ -27,7 +28,7 @@ sys.path.insert(0, str(PKG_ROOT))
 import txfs  # noqa: E402
 from txfs import mounts  # noqa: E402
 
-DEFAULT_BIN = "/work/main/target/debug/txfs"
+DEFAULT_BIN = str(PKG_ROOT.parent.parent / "target" / "debug" / "txfs")  # this checkout's
 MOUNT_TIMEOUT = 10.0
 
 
@@ -74,9 +75,9 @@ def _log_tail(path: str, lines: int = 40) -> str:
 def txfs_mount(request: pytest.FixtureRequest) -> Iterator[TxfsMount]:
     binary = os.environ.get("TXFS_BIN") or DEFAULT_BIN
     if not os.path.exists(binary):
-        pytest.skip(
+        pytest.fail(
             f"txfs daemon binary not found at {binary} "
-            "(build it: cargo build -p txfs in /work/main, or set TXFS_BIN)"
+            "(build it: cargo build -p txfs-fuse at the repository root, or set TXFS_BIN)"
         )
     # Not under pytest's tmp_path: its cleanup must never walk into a mount.
     base = os.path.realpath(tempfile.mkdtemp(prefix="txfs-pytest."))

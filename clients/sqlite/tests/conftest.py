@@ -1,6 +1,6 @@
 """Fixtures: a real txfs mount under /tmp/sqlvfs-* and the built extension.
 
-The daemon is $TXFS_BIN (default /work/main/target/debug/txfs); the
+The daemon is $TXFS_BIN (default: this checkout's target/debug/txfs); the
 extension is ../txfs_vfs.so (`make -C clients/sqlite`). The mount is always
 undone in teardown and the daemon stopped.
 """
@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 EXT = str(HERE.parent / "txfs_vfs")  # SQLite appends .so
 sys.path.insert(0, str(HERE.parent.parent / "python"))
 sys.path.insert(0, str(HERE.parent))
-DEFAULT_BIN = "/work/main/target/debug/txfs"
+DEFAULT_BIN = str(HERE.parents[2] / "target" / "debug" / "txfs")  # this checkout's
 
 
 class Mount(NamedTuple):
@@ -40,7 +40,7 @@ def _mounted(mnt: str) -> bool:
 def txfs_mount() -> Iterator[Mount]:
     binary = os.environ.get("TXFS_BIN") or DEFAULT_BIN
     if not os.path.exists(binary):
-        pytest.skip(f"no txfs daemon at {binary} (cargo build -p txfs-fuse, or set TXFS_BIN)")
+        pytest.fail(f"no txfs daemon at {binary} (cargo build -p txfs-fuse at the repository root, or set TXFS_BIN)")
     if not os.path.exists(EXT + ".so"):
         pytest.fail(f"{EXT}.so is missing: run make -C clients/sqlite")
     base = os.path.realpath(tempfile.mkdtemp(prefix="sqlvfs-"))
