@@ -1,8 +1,13 @@
-//! Review of 8997dfa, 48c7b3b, 21a1438 (spare space, keyed journals, the
-//! unkeyed journal left by shutdown). Tests named `bug_*` demonstrated
-//! defects of 21a1438 (they failed on it): shutdown now cuts and keeps the
-//! keyed journal instead, and recovery keys an older version's empty
-//! unkeyed journal; `sound_*` check properties that were found to hold.
+//! Journal keying across shutdown and remount: every journal a mount
+//! writes is keyed (its records' checksums carry the nonce of its header),
+//! shutdown cuts and keeps the keyed journal rather than leave an unkeyed
+//! one, recovery keys an older version's empty unkeyed journal, and the
+//! spare space reserved for commits survives ENOSPC races.
+//!
+//! Written as a review of 8997dfa, 48c7b3b and 21a1438 (spare space, keyed
+//! journals, the unkeyed journal left by shutdown). Tests named `bug_*`
+//! demonstrated defects of 21a1438 (they failed on it); `sound_*` check
+//! properties that were found to hold.
 
 mod common;
 

@@ -1,4 +1,6 @@
-//! Review of b280a0b (recycled journals). After a recycled journal's last
+//! User data inside a recycled journal is never taken for a record.
+//!
+//! Found reviewing b280a0b (recycled journals). After a recycled journal's last
 //! new record come the old epoch's bytes, including the *data parts* of its
 //! records: bytes users wrote into files. Record data is not escaped, so a
 //! user can write a byte string that is a whole, checksummed record. Once

@@ -1,5 +1,8 @@
-//! Review of the FUSE-over-io_uring transport (vendor/fuser/src/uring.rs):
-//! reproducers of defects found in review.
+//! Stalls and hangs of the FUSE-over-io_uring transport
+//! (vendor/fuser/src/uring.rs): deferred replies that pin ring entries
+//! while page faults or write-back need them, a ring that cannot start,
+//! interrupts of requests that came over the ring. Each test reproduces a
+//! defect found reviewing the transport.
 
 mod common;
 
