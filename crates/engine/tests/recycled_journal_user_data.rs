@@ -18,7 +18,6 @@ mod common;
 
 use std::ffi::OsStr;
 use std::sync::Arc;
-use std::time::Instant;
 use txfs_engine::delta::NO_CUT;
 use txfs_engine::journal::{
     CommitRecord, ObjRef, RecAttr, RecFile, RecObj, FILE_HEADER_LEN, REC_HEADER_LEN, REC_VERSION,
@@ -188,38 +187,23 @@ fn user_data_in_a_recycled_journal_is_not_damage() {
 }
 
 /// (c, availability) J3's probe looks at every REC_MAGIC in the old bytes;
-/// if it read and checksummed the `data_len` a candidate header claims,
-/// user data made of fake headers would make opening a recycled journal
-/// read (headers x data_len) bytes. The keyed header check rejects them
-/// from their 48 bytes. Here: 64 KiB of fake headers claiming 8 MiB each,
-/// in a ~12 MiB journal, against the same journal with plain bytes.
+/// user data made of fake headers, each claiming 8 MiB of data, must not
+/// make it take a recycled journal for damaged: here 64 KiB of them in a
+/// ~12 MiB journal. How long the open takes (the probe must not read what
+/// each header claims) is measured by the timing tier: tests/timing.rs,
+/// `probe_cost_of_user_data_in_a_recycled_journal`.
 #[test]
-fn probe_cost_of_user_data_in_a_recycled_journal() {
+fn a_recycled_journal_full_of_fake_headers_opens() {
     let claim = 8u64 << 20;
     let one = common::unkeyed_record(1 << 40, u64::MAX, &[], claim, &[]); // a would-be damage witness
     let mut fake = Vec::new();
     while fake.len() < (64 << 10) {
         fake.extend_from_slice(&one[..REC_HEADER_LEN as usize]);
     }
-    let plain = vec![b'x'; fake.len()];
-    let mut took = Vec::new();
-    for payload in [&plain, &fake] {
-        let (fs, engine) = recycled_with(payload, 12 << 20);
-        drop(engine); // a crash: the recycled journal keeps its old bytes
-        let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("engine still holds the fs"));
-        let img = Arc::new(fs.crash(&mut CrashPlan::keep_all()));
-        let (jp, _, _) = common::journal_records(&*img);
-        let len = img.lstat(&jp).unwrap().size;
-        let t = Instant::now();
-        let r = Engine::open(img.clone(), opts());
-        let dt = t.elapsed();
-        eprintln!(
-            "open after a crash, {len}-byte recycled journal: {dt:?} ({:?})",
-            r.as_ref().err().map(|e| e.to_string())
-        );
-        assert!(r.is_ok(), "a healthy recycled journal refused");
-        took.push(dt.as_secs_f64());
-    }
-    eprintln!("{} fake headers: {:.0}x slower", fake.len() / REC_HEADER_LEN as usize, took[1] / took[0]);
-    assert!(took[1] < 10.0 * took[0], "opening took {:?}s vs {:?}s", took[1], took[0]);
+    let (fs, engine) = recycled_with(&fake, 12 << 20);
+    drop(engine); // a crash: the recycled journal keeps its old bytes
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("engine still holds the fs"));
+    let img = Arc::new(fs.crash(&mut CrashPlan::keep_all()));
+    let r = Engine::open(img, opts());
+    assert!(r.is_ok(), "a healthy recycled journal refused: {:?}", r.err().map(|e| e.to_string()));
 }
