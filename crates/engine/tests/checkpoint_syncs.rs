@@ -76,7 +76,9 @@ fn read_during_first_syncfs(fs: &Arc<HoldSync>, e: &Arc<Engine>, other: ObjId) -
             let _ = done.send(e.read(None, other, 0, 100).unwrap());
         });
     }
-    let got = rx.recv_timeout(Duration::from_secs(3));
+    // A read that waits for the parked syncfs waits until it is released
+    // below: the bound tells that apart from a slow machine.
+    let got = rx.recv_timeout(Duration::from_secs(60));
     fs.state.lock().unwrap().1 = true;
     fs.cv.notify_all();
     ckpt.join().unwrap().unwrap();
