@@ -28,7 +28,7 @@ import txfs  # noqa: E402
 from txfs import mounts  # noqa: E402
 
 DEFAULT_BIN = "/work/main/target/debug/txfs"
-MOUNT_TIMEOUT = 10.0
+MOUNT_TIMEOUT = 60.0
 
 
 class TxfsMount(NamedTuple):
