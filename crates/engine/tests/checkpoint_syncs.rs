@@ -66,7 +66,7 @@ fn read_during_first_syncfs(fs: &Arc<HoldSync>, e: &Arc<Engine>, other: ObjId) -
     };
     {
         let g = fs.state.lock().unwrap();
-        let (g, _) = fs.cv.wait_timeout_while(g, Duration::from_secs(20), |s| !s.0).unwrap();
+        let (g, _) = fs.cv.wait_timeout_while(g, Duration::from_secs(60), |s| !s.0).unwrap();
         assert!(g.0, "the checkpoint never synced the file system");
     }
     let (done, rx) = mpsc::channel();

@@ -87,7 +87,7 @@ fn parked_read(content: &[u8], in_tx: bool) -> (Arc<HoldRead>, Arc<Engine>, ObjI
         std::thread::spawn(move || e.read(tx, f, 0, 100))
     };
     let g = fs.state.lock().unwrap();
-    let (g, _) = fs.cv.wait_timeout_while(g, Duration::from_secs(20), |s| !s.0).unwrap();
+    let (g, _) = fs.cv.wait_timeout_while(g, Duration::from_secs(60), |s| !s.0).unwrap();
     assert!(g.0, "the read never reached the backing file");
     drop(g);
     (fs, e, f, reader)
@@ -123,7 +123,7 @@ fn within(fs: &HoldRead, f: impl FnOnce() + Send + 'static) -> Result<(), mpsc::
         f();
         let _ = done.send(());
     });
-    let r = rx.recv_timeout(Duration::from_secs(20));
+    let r = rx.recv_timeout(Duration::from_secs(60));
     fs.state.lock().unwrap().1 = true;
     fs.cv.notify_all();
     r
