@@ -1,18 +1,19 @@
 //! User data inside a recycled journal is never taken for a record.
 //!
-//! Found reviewing b280a0b (recycled journals). After a recycled journal's last
-//! new record come the old epoch's bytes, including the *data parts* of its
-//! records: bytes users wrote into files. Record data is not escaped, so a
-//! user can write a byte string that is a whole, checksummed record. Once
-//! its epoch's file is recycled, (a) the scan takes it for the next record
-//! if it lines up with the end of the new records and has the expected
-//! seq (a forged commit is replayed), and (b) J3's damage probe, which now
-//! scans up to 256 MiB of old bytes on every open of a recycled journal,
-//! takes it for a later record of this epoch that "was durable" (recovery
-//! refuses to open the tree, even after a clean close). Fixed by keying
-//! every record's checksums with a nonce in the journal's header (journal.rs,
-//! byte layout): these tests fail when the nonce, the header check, or
-//! close's cut of a recycled journal's old bytes is removed.
+//! Story (found reviewing b280a0b, recycled journals): after a recycled
+//! journal's last new record come the old epoch's bytes, including the
+//! *data parts* of its records: bytes users wrote into files. Record data
+//! is not escaped, so a user can write a byte string that is a whole,
+//! checksummed record. Once its epoch's file is recycled, (a) the scan took
+//! it for the next record if it lined up with the end of the new records
+//! and had the expected seq (a forged commit is replayed), and (b) J3's
+//! damage probe, which scans up to 256 MiB of old bytes on every open of a
+//! recycled journal, took it for a later record of this epoch that "was
+//! durable" (recovery refused to open the tree, even after a clean close).
+//! Fixed in 48c7b3b by keying every record's checksums with a nonce in the
+//! journal's header (journal.rs, byte layout): these tests fail when the
+//! nonce, the header check, or close's cut of a recycled journal's old
+//! bytes is removed.
 
 mod common;
 
