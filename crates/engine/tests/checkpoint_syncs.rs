@@ -1,8 +1,8 @@
 //! A checkpoint's part under the engine lock must not wait for the whole
 //! backing file system to reach the disk: `syncfs` also waits for every
 //! page other programs dirtied there, and a reader on the mount stalled
-//! ~0.8 s behind it (bench/NOTES.md item 44). Phase 1's moves are made
-//! durable by syncing the directories they changed.
+//! ~0.8 s behind it. Phase 1's moves are made durable by syncing the
+//! directories they changed (since c1baefd; `syncfs` stays the fallback).
 
 mod common;
 

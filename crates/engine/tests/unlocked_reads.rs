@@ -1,5 +1,5 @@
-//! Reads of files no layer changes run without the engine lock (bench/NOTES
-//! item 42): a cold read waits for the disk alone, not holding up every
+//! Reads of files no layer changes run without the engine lock (since
+//! 2ace4bf): a cold read waits for the disk alone, not holding up every
 //! other request. Meanwhile a checkpoint may rename the backing tree's files
 //! and rewrite their bytes; such a read must then be done again under the
 //! lock, never answer with another file's bytes or a torn mix.
