@@ -212,7 +212,14 @@ fn reads_racing_checkpoints_see_their_own_whole_file() {
             })
         })
         .collect();
-    for round in 1..=100u8 {
+    // At least 100 rounds, and then more until some read spanned a whole
+    // round (a loaded machine may need more), for at most a minute.
+    let started = std::time::Instant::now();
+    for round in 1u64.. {
+        if round > 100 && (fs.raced.load(Ordering::Relaxed) > 0 || started.elapsed() > Duration::from_secs(60)) {
+            break;
+        }
+        let letter = (round % 26) as u8;
         // Reads start while no layer covers the files; the commit and the
         // checkpoint that follow at once land inside their sleep.
         std::thread::sleep(Duration::from_micros(400));
@@ -222,8 +229,8 @@ fn reads_racing_checkpoints_see_their_own_whole_file() {
         e.rename(Some(tx), ObjId::ROOT, OsStr::new("a"), ObjId::ROOT, OsStr::new("t"), Default::default()).unwrap();
         e.rename(Some(tx), ObjId::ROOT, OsStr::new("b"), ObjId::ROOT, OsStr::new("a"), Default::default()).unwrap();
         e.rename(Some(tx), ObjId::ROOT, OsStr::new("t"), ObjId::ROOT, OsStr::new("b"), Default::default()).unwrap();
-        e.write(Some(tx), a, 0, &[b'A' + round % 26; LEN]).unwrap();
-        e.write(Some(tx), b, 0, &[b'a' + round % 26; LEN]).unwrap();
+        e.write(Some(tx), a, 0, &[b'A' + letter; LEN]).unwrap();
+        e.write(Some(tx), b, 0, &[b'a' + letter; LEN]).unwrap();
         e.commit(tx, Durability::Durable).unwrap();
         e.checkpoint().unwrap();
         fs.checkpoints.fetch_add(1, Ordering::SeqCst);
