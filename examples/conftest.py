@@ -59,7 +59,7 @@ def txfs_mount() -> Iterator[Mount]:
     with open(log, "wb") as logf:
         proc = subprocess.Popen([binary, "mount", backing, mnt, "-f"], stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while not _mounted(mnt):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"txfs did not mount {mnt}:\n{_tail(log)}")

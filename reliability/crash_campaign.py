@@ -621,7 +621,7 @@ def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
             for e in evs:
                 if e["ev"] == "error":
                     # ENOENT inside a transaction for a path its snapshot holds: the open kernel-dcache bug
-                    # pinned by crates/txfs/tests/crash_regressions.rs (ignored); counted apart. Also counted
+                    # pinned by crates/txfs/tests/regressions.rs (ignored); counted apart. Also counted
                     # there, SUSPECTED but not proven to be the same bug (seen once in a CI run, seed
                     # 1182025379, not reproduced): a transaction's readdir of a directory showed no files
                     # while another transaction had an uncommitted rmdir of it, it planned an rmdir without
@@ -710,7 +710,7 @@ def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
     known = H.row("ENOENT (or an empty listing) in a transaction for a directory its snapshot holds",
                   "isolation", txs, enoent, 0, 0, cmd)
     known["known_bug"] = ("open: an uncommitted rmdir/rename of a directory reaches the kernel's shared "
-                          "dentry/inode (crates/txfs/tests/crash_regressions.rs, ignored)")
+                          "dentry/inode (crates/txfs/tests/regressions.rs, ignored)")
     rows.append(known)
     notes.append(f"daemon crash campaign: {trials} trials, {commits} transactions recovered committed, "
                  f"{acked_durable} acknowledged durable, {conflicts} conflicts, seed {args.seed}")

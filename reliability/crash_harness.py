@@ -28,7 +28,7 @@ from report import finish, row  # noqa: F401  (re-exported to the checks)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 
-MOUNT_TIMEOUT = 30.0
+MOUNT_TIMEOUT = 60.0
 
 
 def txfs_bin() -> str:

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 
 import txfs  # noqa: E402  (the client package of this repository)
 
-MOUNT_TIMEOUT = 15.0
+MOUNT_TIMEOUT = 60.0
 UMOUNT_TIMEOUT = 300.0  # unmount checkpoints: up to 256 MiB of journal on a busy disk
 
 
@@ -137,7 +137,7 @@ class Mount:
                 self.stop_error = (f"txfs umount did not finish within {UMOUNT_TIMEOUT:.0f} s; daemon log:\n"
                                    f"{self.log_tail(15)}")
             self.umount_seconds = time.monotonic() - t0
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while in_mountinfo(self.mnt) and time.monotonic() < deadline:
             time.sleep(0.05)
         for cmd in (["fusermount3", "-u", self.mnt], ["umount", self.mnt], ["umount", "-l", self.mnt]):

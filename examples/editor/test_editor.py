@@ -51,6 +51,11 @@ def killed_save(path: str, wrap: list, env: dict, new: bytes) -> bytes:
     # else can see it, so just give cat the time to write it
     while time.monotonic() < deadline and not wrap and os.path.getsize(path) < len(new) // 2:
         time.sleep(0.01)
+    # inside a transaction: wait until the save's transaction is open (a
+    # loaded machine may take a while to start it), then give cat the time
+    deadline = time.monotonic() + 60
+    while wrap and time.monotonic() < deadline and txfs.status(wrap[3])["live_txs"] < 1:
+        time.sleep(0.01)
     time.sleep(0.3)
     if wrap:  # the save's transaction is open, holding half the file
         assert txfs.status(wrap[3])["live_txs"] >= 1

@@ -28,8 +28,14 @@ def test_txfs_variant_loses_no_update_without_locks(txfs_mount, monkeypatch):
 
 
 def kill_during_work(d: str, variant: str, env: dict, rng: random.Random) -> dict:
+    before = ldifd.check(d)["sum"]
     p = subprocess.Popen([sys.executable, LDIFD, "work", d, "--variant", variant, "--threads", "4", "--ops", "1000000"],
                          env=env, stdout=subprocess.DEVNULL)
+    # A loaded machine may take a while to start the work: wait for its
+    # first modifies, then kill it at a random moment.
+    deadline = time.monotonic() + 60
+    while ldifd.check(d)["sum"] == before and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(rng.uniform(0.3, 0.7))
     p.send_signal(signal.SIGKILL)
     p.wait()

@@ -63,7 +63,7 @@ trap 'exit 143' TERM HUP
 "$bin" mount "$backing" "$mnt" -f >"$log" 2>&1 &
 daemon=$!
 
-for _ in $(seq 100); do
+for _ in $(seq 600); do
     is_mounted && break
     if ! kill -0 "$daemon" 2>/dev/null; then
         echo "txfs daemon exited before mounting:" >&2
@@ -74,7 +74,7 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 if ! is_mounted; then
-    echo "txfs did not mount $mnt within 10 s" >&2
+    echo "txfs did not mount $mnt within 60 s" >&2
     echo "0 passed, 1 failed"
     exit 1
 fi
@@ -89,7 +89,7 @@ hold_check() {
     TXFS_MOUNT="$mnt" timeout 60 "$test_prog" fresh-hold <"$fifo" >"$out" 2>&1 &
     local holder=$!
     exec 7>"$fifo"
-    for _ in $(seq 100); do grep -q ready "$out" && break; sleep 0.1; done
+    for _ in $(seq 600); do grep -q ready "$out" && break; sleep 0.1; done
     grep -q ready "$out" || { echo "FAIL - hold: the client did not commit: $(cat "$out")"; return 1; }
     if ! "$bin" umount "$mnt"; then
         echo "FAIL - txfs umount with an idle libtxfs client holding its kept descriptor"
@@ -99,14 +99,14 @@ hold_check() {
     daemon=""
     ls "$backing"/held-* >/dev/null 2>&1 || { echo "FAIL - hold: the committed file is not in BACKING"; return 1; }
     echo go >&7
-    for _ in $(seq 100); do grep -q "^begin" "$out" && break; sleep 0.1; done
+    for _ in $(seq 600); do grep -q "^begin" "$out" && break; sleep 0.1; done
     if ! grep -q "^begin ENOTTY" "$out"; then
         echo "FAIL - hold: with the mount gone, the client's begin: $(tail -1 "$out")"
         return 1
     fi
     "$bin" mount "$backing" "$mnt" -f >>"$log" 2>&1 &
     daemon=$!
-    for _ in $(seq 100); do is_mounted && break; sleep 0.1; done
+    for _ in $(seq 600); do is_mounted && break; sleep 0.1; done
     echo go >&7
     exec 7>&-
     wait "$holder"

@@ -29,7 +29,7 @@ import txfs  # noqa: E402
 from txfs import mounts  # noqa: E402
 
 DEFAULT_BIN = str(PKG_ROOT.parent.parent / "target" / "debug" / "txfs")  # this checkout's
-MOUNT_TIMEOUT = 10.0
+MOUNT_TIMEOUT = 60.0
 
 
 class TxfsMount(NamedTuple):

@@ -140,7 +140,7 @@ def test_thread_exiting_inside_a_transaction_aborts_it(work: str, mnt: str) -> N
     t = threading.Thread(target=leave_open)
     t.start()
     t.join(TIMEOUT)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while txfs.status(mnt)["live_txs"] > live_before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert txfs.status(mnt)["live_txs"] <= live_before, "the dead thread's transaction is still live"
@@ -456,7 +456,7 @@ def test_sqlite_writer_killed_mid_transaction(work: str, mnt: str, child_env: Di
                 stream.close()
     assert proc.returncode == -signal.SIGKILL
     # the daemon aborts the dead thread's transaction
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while txfs.status(mnt)["live_txs"] > live_before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert txfs.status(mnt)["live_txs"] <= live_before, "the killed writer's transaction is still live"
@@ -710,7 +710,7 @@ def test_thread_ending_inside_a_transaction_closes_its_descriptor(mnt: str, work
     for _ in range(5):
         _in_thread(body)
     assert _mount_fds(mnt) == before
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while txfs.status(mnt)["live_txs"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(os.path.join(work, "never"))
@@ -803,7 +803,7 @@ def test_txfs_umount_detaches_a_mount_held_only_by_kept_descriptors(tmp_path_fac
     def mount() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen([binary, "mount", backing, point, "-f"], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not any(e.point == point for e in txfs.read_mountinfo("/proc/self/mountinfo")):
             assert proc.poll() is None and time.monotonic() < deadline, "txfs did not mount"
             time.sleep(0.05)

@@ -51,10 +51,10 @@ def txfs_mount() -> Iterator[Mount]:
         proc = subprocess.Popen([binary, "mount", backing, mnt, "-f"], stdin=subprocess.DEVNULL,
                                 stdout=logf, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not _mounted(mnt):
             assert proc.poll() is None, f"txfs daemon exited: {open(log).read()[-2000:]}"
-            assert time.monotonic() < deadline, "txfs did not mount in 10 s"
+            assert time.monotonic() < deadline, "txfs did not mount in 60 s"
             time.sleep(0.05)
         os.environ["TXFS_MOUNT"] = mnt
         yield Mount(mnt, backing, log)

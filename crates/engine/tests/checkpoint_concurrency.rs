@@ -43,7 +43,7 @@ impl Gate {
 
     fn wait_entered(&self) -> bool {
         let g = self.state.lock().unwrap();
-        let (g, _) = self.cv.wait_timeout_while(g, Duration::from_secs(20), |s| !s.0).unwrap();
+        let (g, _) = self.cv.wait_timeout_while(g, Duration::from_secs(60), |s| !s.0).unwrap();
         g.0
     }
 
@@ -80,7 +80,7 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
     std::thread::spawn(move || {
         let _ = tx.send(f());
     });
-    rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("{what} waited for the checkpoint"))
+    rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what} waited for the checkpoint"))
 }
 
 fn recovered(img: MemFs) -> Tree {

@@ -27,10 +27,11 @@ impl Storage for NoRead {
     }
 }
 
-/// Story: reads stopped `lstat`ing the backing file for its size (NOTES
-/// item 40) and read it to its end instead; a daemon that could not open
+/// Story: reads stopped `lstat`ing the backing file for its size (a READ
+/// without lstat) and read it to its end instead; a daemon that could not open
 /// it then failed a read at the end (a reader's last `read` before EOF)
-/// with EACCES, where it had read nothing.
+/// with EACCES, where it had read nothing. Fixed in 17049ed (lstat again
+/// on EACCES/EPERM).
 #[test]
 fn an_unreadable_backing_file_reads_nothing_at_its_end() {
     let e = Engine::open(

@@ -105,6 +105,14 @@ fn umount_refuses_when_the_mount_is_also_mounted_elsewhere() {
     m.umount_clean();
 }
 
+/// Whether process `pid` is sleeping in nanosleep or clock_nanosleep.
+fn in_nanosleep(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/syscall")).is_ok_and(|s| {
+        let nr = s.split_whitespace().next().and_then(|n| n.parse::<libc::c_long>().ok());
+        nr.is_some_and(|n| n == libc::SYS_nanosleep || n == libc::SYS_clock_nanosleep)
+    })
+}
+
 /// Story: between `txfs umount`'s look at the holders and its detach, a
 /// program opens a file in the mount and goes on writing it. Ending the
 /// connection then would fail its writes (ENOTCONN) and tear its file:
@@ -118,11 +126,14 @@ fn a_file_opened_during_the_umount_is_not_cut_off() {
     let um = Command::new(env!("CARGO_BIN_EXE_txfs"))
         .arg("umount")
         .arg(m.mnt())
-        .env("TXFS_TEST_UMOUNT_PAUSE_MS", "1500")
+        .env("TXFS_TEST_UMOUNT_PAUSE_MS", "5000")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The window: txfs umount has looked at the holders and sleeps before
+    // its detach (its only sleep when no transaction is live).
+    let paused = wait_until(std::time::Duration::from_secs(60), || in_nanosleep(um.id()));
+    assert!(paused, "txfs umount never reached its pause before the detach");
     writer.ok("W = open(M + '/log', 'w'); W.write('a'); W.flush()");
     let out = um.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -134,7 +145,7 @@ fn a_file_opened_during_the_umount_is_not_cut_off() {
     drop(idle);
     let b = m.backing().to_path_buf();
     assert!(
-        wait_until(std::time::Duration::from_secs(20), || std::fs::read_to_string(b.join("log"))
+        wait_until(std::time::Duration::from_secs(60), || std::fs::read_to_string(b.join("log"))
             .is_ok_and(|s| s == "ab\n")),
         "the writer's file, whole, once everybody let go: {:?}",
         std::fs::read_to_string(b.join("log"))

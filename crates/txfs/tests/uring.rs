@@ -81,7 +81,7 @@ fn each_cpu_s_requests_are_served_by_its_own_ring_threads() {
     }
     let cpus = online_cpus();
     // The ring threads start right after the mount shows up.
-    let started = wait_until(Duration::from_secs(10), || {
+    let started = wait_until(Duration::from_secs(60), || {
         m.log_text().contains("requests arrive over io_uring") && per_queue(pid).len() >= cpus
     });
     assert!(started, "ring queues {:?} for {cpus} CPUs; log:\n{}", per_queue(pid), m.log_text());
@@ -227,12 +227,12 @@ fn the_daemon_exits_with_its_ring_threads_and_can_do_without_them() {
     // An aborted connection ends every ring thread too.
     let pid = m.daemon_pid().unwrap();
     assert!(m.abort_connection());
-    let gone = wait_until(Duration::from_secs(10), || {
+    let gone = wait_until(Duration::from_secs(60), || {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| s.split_whitespace().nth(2) == Some("Z"))
             .unwrap_or(true)
     });
-    assert!(gone, "the daemon is still running 10 s after its connection was aborted");
+    assert!(gone, "the daemon is still running 60 s after its connection was aborted");
     m.kill_daemon();
 }
 
@@ -260,7 +260,9 @@ fn dev_fuse_switches(pid: u32) -> u64 {
 /// inside the caller's system call: W12's `rm` of 20 000 files took 50 µs
 /// per file, 31 without. While FORGETs keep coming, the thread reading them
 /// must poll (at most one pause per millisecond), not be woken per FORGET —
-/// and the FORGETs must still be read.
+/// and the FORGETs must still be read. Here: they are read; how often the
+/// threads woke for them is measured by the timing tier (tests/timing.rs,
+/// `forgets_wake_the_dev_fuse_threads_at_most_once_per_millisecond`).
 #[test]
 fn forgets_are_read_without_a_wake_up_each() {
     let mut m = Mount::new();
@@ -271,11 +273,11 @@ fn forgets_are_read_without_a_wake_up_each() {
         churn(m.mnt(), 20);
         return;
     }
-    let up = wait_until(Duration::from_secs(10), || m.log_text().contains("requests arrive over io_uring"));
+    let up = wait_until(Duration::from_secs(60), || m.log_text().contains("requests arrive over io_uring"));
     assert!(up, "no ring; log:\n{}", m.log_text());
     churn(m.mnt(), 100);
-    let forgot = wait_until(Duration::from_secs(5), || m.log_text().contains("FORGET"));
-    assert!(forgot, "100 files created and unlinked, no FORGET read in 5 s; log:\n{}", m.log_text());
+    let forgot = wait_until(Duration::from_secs(60), || m.log_text().contains("FORGET"));
+    assert!(forgot, "100 files created and unlinked, no FORGET read in 60 s; log:\n{}", m.log_text());
     let n = 3000;
     let before = m.log_text().matches("FORGET").count();
     let (switches, started) = (dev_fuse_switches(pid), std::time::Instant::now());
@@ -283,12 +285,7 @@ fn forgets_are_read_without_a_wake_up_each() {
     let ms = started.elapsed().as_millis() as u64;
     let woke = dev_fuse_switches(pid) - switches;
     eprintln!("{n} create+unlinks in {ms} ms: {woke} wake-ups of the /dev/fuse threads");
-    // A poller sleeps at least 1 ms per round; a reader woken per FORGET
-    // switches about once per unlink. The churn must be fast enough to
-    // tell the two apart.
-    assert!(ms + 50 < n as u64 / 3, "{n} create+unlinks took {ms} ms: too slow to tell polling from wake-ups");
-    assert!(woke <= ms + 50, "{n} unlinks in {ms} ms woke the /dev/fuse threads {woke} times");
-    let more = wait_until(Duration::from_secs(5), || m.log_text().matches("FORGET").count() > before);
+    let more = wait_until(Duration::from_secs(60), || m.log_text().matches("FORGET").count() > before);
     assert!(more, "FORGETs of the last churn never read");
     m.umount_clean();
 }

@@ -30,8 +30,11 @@ pub const TXFS: &str = env!("CARGO_BIN_EXE_txfs");
 /// Prefix of every temp directory these tests make (see [`sweep_stale_mounts`]).
 pub const PREFIX: &str = "txfs-it-";
 
-/// How long one mount may live before the watchdog kills its daemon.
-pub const WATCHDOG: Duration = Duration::from_secs(90);
+/// How long one mount may live before the watchdog kills its daemon
+/// (unless the test chose another time: [`Mount::with_watchdog`]). It
+/// covers a whole test, so it is far from what a healthy test takes even
+/// on a loaded machine: only a hang reaches it.
+pub const WATCHDOG: Duration = Duration::from_secs(300);
 
 // The ioctls of clients/c/txfs.h.
 pub const IOC_BEGIN: u32 = 0x4008_e701;
@@ -234,6 +237,16 @@ impl Mount {
 
     /// Mount options (`-o`) and a backing directory filled by `populate`.
     pub fn start_with(opts: &[&str], populate: impl FnOnce(&Path)) -> Mount {
+        Mount::start_with_watchdog(opts, WATCHDOG, populate)
+    }
+
+    /// An empty backing directory, mounted, for a test that may take longer
+    /// than [`WATCHDOG`] (its watchdog fires after `watchdog`).
+    pub fn with_watchdog(watchdog: Duration) -> Mount {
+        Mount::start_with_watchdog(&[], watchdog, |_| {})
+    }
+
+    fn start_with_watchdog(opts: &[&str], watchdog: Duration, populate: impl FnOnce(&Path)) -> Mount {
         sweep_stale_mounts();
         let tmp = tempfile::Builder::new().prefix(PREFIX).tempdir().expect("temp dir");
         // Traversable by other users (permission tests run as nobody).
@@ -251,10 +264,10 @@ impl Mount {
         let (wd_pid, wd_conn) = (daemon_pid.clone(), conn.clone());
         let wd_mnt = mnt.clone();
         let watchdog = std::thread::spawn(move || {
-            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(WATCHDOG) {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(watchdog) {
                 let pid = wd_pid.load(Ordering::SeqCst);
                 eprintln!(
-                    "harness: WATCHDOG: the mount {} lived longer than {WATCHDOG:?} (a hung daemon?): aborting \
+                    "harness: WATCHDOG: the mount {} lived longer than {watchdog:?} (a hung daemon?): aborting \
                      its FUSE connection and killing its daemon {pid}",
                     wd_mnt.display()
                 );

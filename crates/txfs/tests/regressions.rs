@@ -1,14 +1,17 @@
-//! Regressions found by the daemon crash campaign
-//! (`reliability/crash_campaign.py`), pinned on a real mount.
+//! Regressions pinned on a real mount, each opening with its story: what
+//! broke, how it was found, and the commit that fixed it (or why it is
+//! still open).
 
 mod common;
 
 use common::*;
 
-/// The story: the campaign's workers saw ENOENT, inside their transactions,
+/// Story (found by the daemon crash campaign, reliability/crash_campaign.py):
+/// the campaign's workers saw ENOENT, inside their transactions,
 /// for files their snapshot held. The cause is not the engine (which
 /// answers such lookups with the snapshot or a conflict: see
-/// crates/engine/tests/crash_campaign_regressions.rs) but the kernel's
+/// `a_directory_removed_after_begin_is_a_conflict_not_enoent` in
+/// crates/engine/tests/regressions.rs) but the kernel's
 /// caches: directories have one node id for everyone, so when a *live*
 /// transaction removes a directory, the kernel marks that shared inode dead
 /// (and `d_delete`s its dentry) the moment the daemon answers the rmdir.
@@ -23,7 +26,7 @@ use common::*;
 /// kernel's dentry makes it `d_invalidate` the dentry, which unhashes other
 /// processes' working directories (`getcwd` → ENOENT) and detaches mounts
 /// below it — worse than this bug. `txfs run` as root (a transaction view)
-/// does not have it. Run with `--ignored`.
+/// does not have it. Pinned (ignored) in ab63e31. Run with `--ignored`.
 #[test]
 #[ignore = "open bug: an uncommitted rmdir kills the shared directory inode in the kernel (see the story)"]
 fn uncommitted_rmdir_does_not_hide_a_directory_from_others() {

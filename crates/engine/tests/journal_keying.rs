@@ -1,8 +1,15 @@
-//! Review of 8997dfa, 48c7b3b, 21a1438 (spare space, keyed journals, the
-//! unkeyed journal left by shutdown). Tests named `bug_*` demonstrated
-//! defects of 21a1438 (they failed on it): shutdown now cuts and keeps the
-//! keyed journal instead, and recovery keys an older version's empty
-//! unkeyed journal; `sound_*` check properties that were found to hold.
+//! Journal keying across shutdown and remount: every journal a mount
+//! writes is keyed (its records' checksums carry the nonce of its header),
+//! shutdown cuts and keeps the keyed journal rather than leave an unkeyed
+//! one, recovery keys an older version's empty unkeyed journal, and the
+//! spare space reserved for commits survives ENOSPC races.
+//!
+//! Written as a review of 8997dfa, 48c7b3b and 21a1438 (spare space, keyed
+//! journals, the unkeyed journal left by shutdown). The first two tests
+//! demonstrated defects of 21a1438 (they failed on it; fixed in 7cf5c5d:
+//! shutdown keeps the keyed journal, cut, and recovery keys an older
+//! version's empty journal); the others check properties that were found
+//! to hold.
 
 mod common;
 
@@ -63,15 +70,16 @@ fn setup(remount: bool) -> (Arc<CrashFs>, Engine) {
     (fs, engine)
 }
 
-/// Finding 1 (21a1438 reopens what 48c7b3b closed). Shutdown leaves an
-/// unkeyed journal, and the next mount appends to it unkeyed until its
-/// first checkpoint. A user's file content that is a whole unkeyed record
-/// claiming durability is then again taken by J3's probe for "a later
-/// durable record" when that user's own commit is torn by a power cut
-/// (header not yet written): mount and `txfs check` refuse a healthy tree.
+/// Story (21a1438 reopened what 48c7b3b closed; fixed in 7cf5c5d):
+/// shutdown left an unkeyed journal, and the next mount appended to it
+/// unkeyed until its first checkpoint. A user's file content that is a
+/// whole unkeyed record claiming durability was then again taken by J3's
+/// probe for "a later durable record" when that user's own commit was torn
+/// by a power cut (header not yet written): mount and `txfs check` refused
+/// a healthy tree.
 /// The same commit in a keyed epoch is cut as a torn tail.
 #[test]
-fn bug_unkeyed_epoch_after_remount_lets_user_data_fake_damage() {
+fn user_data_cannot_fake_damage_in_the_epoch_after_a_remount() {
     let fake = common::unkeyed_record(u64::MAX / 2, u64::MAX, &[], 0, &[]);
     let mut payload = vec![b'x'; 5000];
     payload.extend_from_slice(&fake);
@@ -120,14 +128,14 @@ fn bug_unkeyed_epoch_after_remount_lets_user_data_fake_damage() {
     );
 }
 
-/// Finding 2 (21a1438). plain_empty_journal renames its new file over the
-/// live journal and only then syncs the folders; if a sync fails, it
+/// Story (21a1438; fixed in 7cf5c5d): plain_empty_journal renamed its new
+/// file over the live journal and only then synced the folders; if a sync fails, it
 /// returns the error with the engine still appending to the old file,
 /// which no name reaches any more. `shutdown` says "later operations still
 /// work": commits acknowledged durable after it go to the unlinked file
 /// and are lost at the next power cut.
 #[test]
-fn bug_failed_shutdown_leaves_engine_writing_an_unlinked_journal() {
+fn a_failed_shutdown_leaves_the_engine_writing_the_live_journal() {
     let mut lost = Vec::new();
     let mut tried = 0;
     for k in 0..40u64 {
@@ -173,7 +181,7 @@ fn bug_failed_shutdown_leaves_engine_writing_an_unlinked_journal() {
 /// it, then crashes: every acknowledged durable commit survives, and the
 /// recovered state is one of the acknowledged values or a later one.
 #[test]
-fn sound_commits_racing_and_after_shutdown_survive() {
+fn commits_racing_and_after_shutdown_survive() {
     for round in 0..20u64 {
         let fs = Arc::new(CrashFs::new(MemFs::new()));
         let engine = Arc::new(Engine::open(fs.clone(), opts()).expect("open"));
@@ -240,7 +248,7 @@ fn sound_commits_racing_and_after_shutdown_survive() {
 /// TXFSJNL1 with junk in 28..32 reads as before (unkeyed, records kept);
 /// J3 still reports damage before a later durable record in TXFSJNL1.
 #[test]
-fn sound_header_parsing_and_unkeyed_j3() {
+fn journal_headers_parse_and_unkeyed_journals_keep_j3() {
     // A remounted tree with two durable records, rewritten as an older
     // version would have written them: TXFSJNL1, checksums unkeyed.
     let (fs, engine) = setup(true);
@@ -309,7 +317,7 @@ fn sound_header_parsing_and_unkeyed_j3() {
 /// (3) Crash at every step of shutdown (power cut after k mutating calls):
 /// recovery opens, `check` is clean, and the state is the committed one.
 #[test]
-fn sound_crash_at_every_step_of_shutdown() {
+fn a_crash_at_every_step_of_shutdown_recovers() {
     for k in 0..60u64 {
         let (fs, engine) = setup(false);
         let f = lookup(&engine, "f");
@@ -419,7 +427,7 @@ impl Storage for SmallCrash {
 /// it: every commit acknowledged durable survives any power cut, and a
 /// running engine's live journal is never the spare.
 #[test]
-fn sound_enospc_commits_racing_checkpoints_keep_durable_commits() {
+fn enospc_commits_racing_checkpoints_keep_durable_commits() {
     for round in 0..6u64 {
         let crash = Arc::new(CrashFs::new(MemFs::new()));
         let left = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));

@@ -1,6 +1,11 @@
-"""Review of V11 (commit 28adb94): the tail level's truncate after the commit
-point. Fixed by giving the tail up on any failure (txfs_vfs.c tail_give_up);
-the test fails without it (3 of 3 runs before the fix)."""
+"""Regressions of the SQLite VFS, each with its story.
+
+* A shrink's truncate after the commit point (found reviewing V11, commit
+  28adb94): the tail level's truncate could lose a race after the commit
+  point. Fixed in 642fd6b by giving the tail up on any failure (txfs_vfs.c
+  tail_give_up); the test fails without it (3 of 3 runs before the fix).
+* A reader in an aborted application transaction kept its pages (V5 for
+  readers, found in review): see the test's docstring."""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ import subprocess
 import sys
 
 import pytest
+
+import txfs
 
 from conftest import EXT, HERE
 from test_vfs import connect
@@ -87,3 +94,23 @@ def test_a_shrink_whose_truncate_loses_a_race_still_reports_its_commit(db: str) 
     logged = con.execute("SELECT count(*) FROM log").fetchone()[0]
     con.close()
     assert "COMMIT reported" not in out and logged == 1, f"log rows: {logged}; shrinker said:\n{out}"
+
+
+def test_a_reader_in_an_aborted_application_transaction_drops_what_it_read(db: str) -> None:
+    """Story: a connection that only read inside an application transaction
+    that then aborted must not keep that transaction's pages (V5 for
+    readers). Found in review: the VFS marked the cache stale only after a
+    nested *commit*. Fixed in c9ce6ef (a level nested in an application
+    transaction marks the cache stale too)."""
+    d = os.path.dirname(db)
+    a, b = connect(db), connect(db)
+    a.execute("CREATE TABLE t(k INTEGER PRIMARY KEY, v)")
+    a.execute("INSERT INTO t VALUES (1, 'committed')")
+    assert a.execute("SELECT v FROM t").fetchall() == [("committed",)]
+    txfs.begin(mount=d)
+    b.execute("UPDATE t SET v = 'aborted' WHERE k = 1")  # counter c -> c+1, nested in the application's transaction
+    assert a.execute("SELECT v FROM t").fetchall() == [("aborted",)]  # a caches pages under c+1
+    txfs.abort()  # the file is back at c
+    b.execute("INSERT INTO t VALUES (2, 'x')")  # commits: c -> c+1 again (A-B-A)
+    assert a.execute("SELECT v FROM t WHERE k = 1").fetchall() == [("committed",)]
+    assert a.execute("SELECT k, v FROM t ORDER BY k").fetchall() == [(1, "committed"), (2, "x")]

@@ -1,22 +1,24 @@
-//! Review of b280a0b (recycled journals). After a recycled journal's last
-//! new record come the old epoch's bytes, including the *data parts* of its
-//! records: bytes users wrote into files. Record data is not escaped, so a
-//! user can write a byte string that is a whole, checksummed record. Once
-//! its epoch's file is recycled, (a) the scan takes it for the next record
-//! if it lines up with the end of the new records and has the expected
-//! seq (a forged commit is replayed), and (b) J3's damage probe, which now
-//! scans up to 256 MiB of old bytes on every open of a recycled journal,
-//! takes it for a later record of this epoch that "was durable" (recovery
-//! refuses to open the tree, even after a clean close). Fixed by keying
-//! every record's checksums with a nonce in the journal's header (journal.rs,
-//! byte layout): these tests fail when the nonce, the header check, or
-//! close's cut of a recycled journal's old bytes is removed.
+//! User data inside a recycled journal is never taken for a record.
+//!
+//! Story (found reviewing b280a0b, recycled journals): after a recycled
+//! journal's last new record come the old epoch's bytes, including the
+//! *data parts* of its records: bytes users wrote into files. Record data
+//! is not escaped, so a user can write a byte string that is a whole,
+//! checksummed record. Once its epoch's file is recycled, (a) the scan took
+//! it for the next record if it lined up with the end of the new records
+//! and had the expected seq (a forged commit is replayed), and (b) J3's
+//! damage probe, which scans up to 256 MiB of old bytes on every open of a
+//! recycled journal, took it for a later record of this epoch that "was
+//! durable" (recovery refused to open the tree, even after a clean close).
+//! Fixed in 48c7b3b by keying every record's checksums with a nonce in the
+//! journal's header (journal.rs, byte layout): these tests fail when the
+//! nonce, the header check, or close's cut of a recycled journal's old
+//! bytes is removed.
 
 mod common;
 
 use std::ffi::OsStr;
 use std::sync::Arc;
-use std::time::Instant;
 use txfs_engine::delta::NO_CUT;
 use txfs_engine::journal::{
     CommitRecord, ObjRef, RecAttr, RecFile, RecObj, FILE_HEADER_LEN, REC_HEADER_LEN, REC_VERSION,
@@ -186,38 +188,23 @@ fn user_data_in_a_recycled_journal_is_not_damage() {
 }
 
 /// (c, availability) J3's probe looks at every REC_MAGIC in the old bytes;
-/// if it read and checksummed the `data_len` a candidate header claims,
-/// user data made of fake headers would make opening a recycled journal
-/// read (headers x data_len) bytes. The keyed header check rejects them
-/// from their 48 bytes. Here: 64 KiB of fake headers claiming 8 MiB each,
-/// in a ~12 MiB journal, against the same journal with plain bytes.
+/// user data made of fake headers, each claiming 8 MiB of data, must not
+/// make it take a recycled journal for damaged: here 64 KiB of them in a
+/// ~12 MiB journal. How long the open takes (the probe must not read what
+/// each header claims) is measured by the timing tier: tests/timing.rs,
+/// `probe_cost_of_user_data_in_a_recycled_journal`.
 #[test]
-fn probe_cost_of_user_data_in_a_recycled_journal() {
+fn a_recycled_journal_full_of_fake_headers_opens() {
     let claim = 8u64 << 20;
     let one = common::unkeyed_record(1 << 40, u64::MAX, &[], claim, &[]); // a would-be damage witness
     let mut fake = Vec::new();
     while fake.len() < (64 << 10) {
         fake.extend_from_slice(&one[..REC_HEADER_LEN as usize]);
     }
-    let plain = vec![b'x'; fake.len()];
-    let mut took = Vec::new();
-    for payload in [&plain, &fake] {
-        let (fs, engine) = recycled_with(payload, 12 << 20);
-        drop(engine); // a crash: the recycled journal keeps its old bytes
-        let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("engine still holds the fs"));
-        let img = Arc::new(fs.crash(&mut CrashPlan::keep_all()));
-        let (jp, _, _) = common::journal_records(&*img);
-        let len = img.lstat(&jp).unwrap().size;
-        let t = Instant::now();
-        let r = Engine::open(img.clone(), opts());
-        let dt = t.elapsed();
-        eprintln!(
-            "open after a crash, {len}-byte recycled journal: {dt:?} ({:?})",
-            r.as_ref().err().map(|e| e.to_string())
-        );
-        assert!(r.is_ok(), "a healthy recycled journal refused");
-        took.push(dt.as_secs_f64());
-    }
-    eprintln!("{} fake headers: {:.0}x slower", fake.len() / REC_HEADER_LEN as usize, took[1] / took[0]);
-    assert!(took[1] < 10.0 * took[0], "opening took {:?}s vs {:?}s", took[1], took[0]);
+    let (fs, engine) = recycled_with(&fake, 12 << 20);
+    drop(engine); // a crash: the recycled journal keeps its old bytes
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("engine still holds the fs"));
+    let img = Arc::new(fs.crash(&mut CrashPlan::keep_all()));
+    let r = Engine::open(img, opts());
+    assert!(r.is_ok(), "a healthy recycled journal refused: {:?}", r.err().map(|e| e.to_string()));
 }

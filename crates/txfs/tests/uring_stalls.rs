@@ -1,5 +1,8 @@
-//! Review of the FUSE-over-io_uring transport (vendor/fuser/src/uring.rs):
-//! reproducers of defects found in review.
+//! Stalls and hangs of the FUSE-over-io_uring transport
+//! (vendor/fuser/src/uring.rs): deferred replies that pin ring entries
+//! while page faults or write-back need them, a ring that cannot start,
+//! interrupts of requests that came over the ring. Each test reproduces a
+//! defect found reviewing the transport.
 
 mod common;
 
@@ -36,16 +39,16 @@ fn ring_thread_count(pid: u32) -> usize {
 const FILE_LEN: usize = 1 << 20;
 
 /// Maps the files (argv[2:]) read-only on CPU argv[1] and touches every
-/// page, one '.' per pass.
+/// page, one '.' per pass, until its stdin ends (see [`STOP`]).
 const READER: &str = r#"
-import mmap, os, sys
+import mmap, os, select, sys
 os.sched_setaffinity(0, {int(sys.argv[1])})
 maps = []
 for p in sys.argv[2:]:
     f = open(p, 'rb')
     maps.append((f, mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ)))
 n = 0
-while True:
+while not select.select([sys.stdin], [], [], 0)[0]:
     for _, m in maps:
         for i in range(0, len(m), 4096):
             n += m[i]
@@ -54,15 +57,15 @@ while True:
 "#;
 
 /// Maps the files (argv[1:]) shared and writable and writes into every
-/// page, one '.' per pass.
+/// page, one '.' per pass, until its stdin ends (see [`STOP`]).
 const DIRTIER: &str = r#"
-import mmap, os, sys
+import mmap, os, select, sys
 maps = []
 for p in sys.argv[1:]:
     f = open(p, 'r+b')
     maps.append((f, mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)))
 n = 0
-while True:
+while not select.select([sys.stdin], [], [], 0)[0]:
     n = (n + 1) % 256
     for _, m in maps:
         for i in range(0, len(m), 4096):
@@ -71,13 +74,27 @@ while True:
     sys.stdout.flush()
 "#;
 
+/// The end of a mapping script, appended to it: unmaps and closes every
+/// file itself before it exits. A killed mapper's mappings go away when its
+/// memory is torn down, which need not happen before it is reaped: the
+/// daemon reading its /proc/PID/stat holds that memory for a moment, and
+/// an unmount right after the reap then fails with EBUSY. (That is how
+/// `deferred_replies_do_not_starve_page_faults_of_ring_entries` failed a
+/// fresh-clone CI run on a loaded machine.)
+const STOP: &str = r#"
+for f, m in maps:
+    m.close()
+    f.close()
+"#;
+
 /// Runs a mapping script (a separate process: an aborted connection makes
-/// its mapping SIGBUS) and counts its passes.
+/// its mapping SIGBUS) and counts its passes; [`stop_mapper`] ends it.
 fn spawn_mapper(script: &str, args: &[String]) -> (std::process::Child, Arc<AtomicU64>) {
     let mut child = std::process::Command::new(python())
         .arg("-c")
-        .arg(script)
+        .arg(format!("{script}{STOP}"))
         .args(args)
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -95,36 +112,57 @@ fn spawn_mapper(script: &str, args: &[String]) -> (std::process::Child, Arc<Atom
     (child, passes)
 }
 
-/// Samples the counters every 200 ms for `secs` seconds: false as soon as
-/// one of them has not moved for 5 s.
+/// Asks a mapper to stop (its stdin ends): it unmaps and closes its files
+/// and exits. False if it did not within [`STALL`] (it is killed then).
+fn stop_mapper(child: &mut std::process::Child) -> bool {
+    drop(child.stdin.take());
+    wait_timeout(child, STALL).is_some_and(|s| s.success())
+}
+
+/// How long nothing may move before a workload counts as deadlocked. A
+/// deadlock never moves again; a loaded machine can pause a healthy
+/// workload for seconds, so this is no speed limit.
+const STALL: Duration = Duration::from_secs(60);
+
+/// Each of these tests restarts its mount and runs workloads for up to a
+/// minute: the harness's default watchdog would cut a slow machine's run.
+const WATCHDOG: Duration = Duration::from_secs(600);
+
+/// Samples the counters every 200 ms for `secs` seconds, and then until
+/// every one of them has moved once more (a stall that began just before
+/// the end is seen too): false as soon as one of them has not moved for
+/// [`STALL`].
 fn keeps_moving(secs: u64, sample: impl Fn() -> Vec<u64>) -> bool {
     let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
     let mut last: Vec<(u64, Instant)> = sample().into_iter().map(|v| (v, Instant::now())).collect();
-    while start.elapsed() < Duration::from_secs(secs) {
+    loop {
         std::thread::sleep(Duration::from_millis(200));
         for (l, now) in last.iter_mut().zip(sample()) {
             if now != l.0 {
                 *l = (now, Instant::now());
             }
         }
-        if last.iter().any(|l| l.1.elapsed() > Duration::from_secs(5)) {
+        if last.iter().any(|l| l.1.elapsed() > STALL) {
             return false;
         }
+        if Instant::now() >= end && last.iter().all(|l| l.1 >= end) {
+            return true;
+        }
     }
-    true
 }
 
 /// The daemon's kernel stacks, then its connection aborted, so that a
 /// stalled workload can be cleaned up.
 fn report_stall(m: &Mount) {
-    eprintln!("no progress for 5 s; daemon threads:\n{}", kernel_stacks(m.daemon_pid().unwrap()));
+    eprintln!("no progress for {STALL:?}; daemon threads:\n{}", kernel_stacks(m.daemon_pid().unwrap()));
     m.abort_connection();
 }
 
 /// `workload(m, secs)` on /dev/fuse (the control, 8 s), then over io_uring
 /// with the default threads (20 s); both must keep moving.
 fn control_then_ring(workload: impl Fn(&Mount, u64) -> (bool, u64, u64), what: &str) {
-    let mut m = Mount::new();
+    let mut m = Mount::with_watchdog(WATCHDOG);
     m.restart_with_env("TXFS_URING_THREADS", "0");
     let (ok_dev, w, f) = workload(&m, 8);
     eprintln!("/dev/fuse: progress={ok_dev} writes={w} mapping passes={f}");
@@ -133,7 +171,7 @@ fn control_then_ring(workload: impl Fn(&Mount, u64) -> (bool, u64, u64), what: &
     m.clear_env();
     m.start();
     let pid = m.daemon_pid().unwrap();
-    assert!(wait_until(Duration::from_secs(10), || ring_thread_count(pid) > 0));
+    assert!(wait_until(STALL, || ring_thread_count(pid) > 0), "no ring thread started");
     let (ok_ring, w, f) = workload(&m, 20);
     eprintln!("io_uring: progress={ok_ring} writes={w} mapping passes={f}");
     if ok_ring {
@@ -152,7 +190,7 @@ fn control_then_ring(workload: impl Fn(&Mount, u64) -> (bool, u64, u64), what: &
 /// `writers` threads each writing its own mmapped file and a reader
 /// page-faulting all those files, all on one CPU, for `secs` seconds.
 /// Returns whether everything kept making progress (false: nothing moved
-/// for 5 s), and the writes and mapping passes done.
+/// for [`STALL`]), and the writes and mapping passes done.
 fn writers_and_faults_on_one_cpu(m: &Mount, writers: usize, secs: u64) -> (bool, u64, u64) {
     let paths: Vec<PathBuf> = (0..writers).map(|i| m.path(format!("mapped{i}"))).collect();
     for p in &paths {
@@ -187,10 +225,15 @@ fn writers_and_faults_on_one_cpu(m: &Mount, writers: usize, secs: u64) -> (bool,
             0
         }));
     }
-    let alive = keeps_moving(secs, || vec![writes.load(Ordering::Relaxed) + faults.load(Ordering::Relaxed)]);
+    let mut alive = keeps_moving(secs, || vec![writes.load(Ordering::Relaxed) + faults.load(Ordering::Relaxed)]);
+    stop.store(true, Ordering::Relaxed);
+    if alive && !stop_mapper(&mut reader) {
+        eprintln!("the reader did not stop within {STALL:?}");
+        alive = false;
+    }
     if !alive {
         eprintln!(
-            "no progress for 5 s ({} writes, {} mapping passes); daemon threads:\n{}",
+            "no progress for {STALL:?} ({} writes, {} mapping passes); daemon threads:\n{}",
             writes.load(Ordering::Relaxed),
             faults.load(Ordering::Relaxed),
             kernel_stacks(m.daemon_pid().unwrap())
@@ -210,10 +253,9 @@ fn writers_and_faults_on_one_cpu(m: &Mount, writers: usize, secs: u64) -> (bool,
         eprintln!("SIGKILLed daemon exited within 5 s: {died}; its threads now:\n{}", kernel_stacks(pid));
         // Unstick everyone so the test can clean up.
         m.abort_connection();
+        let _ = reader.kill();
+        let _ = reader.wait();
     }
-    stop.store(true, Ordering::Relaxed);
-    let _ = reader.kill();
-    let _ = reader.wait();
     for h in hs {
         let _ = h.join();
     }
@@ -278,12 +320,16 @@ fn commits_and_faults_on_one_cpu(m: &Mount, committers: usize, secs: u64) -> (bo
             });
         }
         alive = keeps_moving(secs, || vec![writes.load(Ordering::Relaxed) + faults.load(Ordering::Relaxed)]);
+        stop.store(true, Ordering::Relaxed);
+        if alive && !stop_mapper(&mut reader) {
+            eprintln!("the reader did not stop within {STALL:?}");
+            alive = false;
+        }
         if !alive {
             report_stall(m);
+            let _ = reader.kill();
+            let _ = reader.wait();
         }
-        stop.store(true, Ordering::Relaxed);
-        let _ = reader.kill();
-        let _ = reader.wait();
     });
     (alive, writes.load(Ordering::Relaxed), faults.load(Ordering::Relaxed))
 }
@@ -335,12 +381,16 @@ fn writers_and_mmap_writer(m: &Mount, per_cpu: usize, secs: u64) -> (bool, u64, 
         }
         // Both must keep moving: the writers and the mapping's writer.
         alive = keeps_moving(secs, || vec![writes.load(Ordering::Relaxed), passes.load(Ordering::Relaxed)]);
+        stop.store(true, Ordering::Relaxed);
+        if alive && !stop_mapper(&mut dirtier) {
+            eprintln!("the mapping's writer did not stop within {STALL:?}");
+            alive = false;
+        }
         if !alive {
             report_stall(m);
+            let _ = dirtier.kill();
+            let _ = dirtier.wait();
         }
-        stop.store(true, Ordering::Relaxed);
-        let _ = dirtier.kill();
-        let _ = dirtier.wait();
     });
     (alive, writes.load(Ordering::Relaxed), passes.load(Ordering::Relaxed))
 }
@@ -375,7 +425,7 @@ fn deferred_replies_do_not_starve_page_faults_of_ring_entries() {
         eprintln!("enable_uring is off: nothing to check");
         return;
     }
-    let mut m = Mount::new();
+    let mut m = Mount::with_watchdog(WATCHDOG);
     // TXFS_URING_THREADS: 0 is the control (/dev/fuse only); with 1 entry
     // per queue one deferred reply is enough; 8 (the default) needs 8
     // deferred replies on one CPU at the moment a fault's READ is queued.
@@ -385,7 +435,7 @@ fn deferred_replies_do_not_starve_page_faults_of_ring_entries() {
         m.restart_with_env("TXFS_URING_THREADS", threads);
         let pid = m.daemon_pid().unwrap();
         if threads != "0" {
-            assert!(wait_until(Duration::from_secs(10), || ring_thread_count(pid) > 0));
+            assert!(wait_until(STALL, || ring_thread_count(pid) > 0), "no ring thread started");
         }
         let (ok, w, f) = writers_and_faults_on_one_cpu(&m, 12, 10);
         eprintln!("TXFS_URING_THREADS={threads}: progress={ok} writes={w} mapping passes={f}");
@@ -426,7 +476,7 @@ fn stat_within(p: &std::path::Path, t: Duration) -> Option<bool> {
 /// `txfs mount` with `RLIMIT_NOFILE` lowered to `nofile` (as on a machine
 /// with many possible CPUs: 8 rings per CPU, so 128 possible CPUs need 1024
 /// io_uring descriptors, the default soft limit) and `env`; whether a stat
-/// of the mount root answered within 5 s. Always cleans up.
+/// of the mount root answered (within [`STALL`]: a hang). Always cleans up.
 fn stat_answers_with_nofile(nofile: u32, env: &[(&str, &str)]) -> (bool, String) {
     let tmp = tempfile::Builder::new().prefix(PREFIX).tempdir().unwrap();
     let (b, mnt) = (tmp.path().join("b"), tmp.path().join("m"));
@@ -444,9 +494,9 @@ fn stat_answers_with_nofile(nofile: u32, env: &[(&str, &str)]) -> (bool, String)
         cmd.env(k, v);
     }
     let mut daemon = cmd.spawn().unwrap();
-    assert!(wait_until(Duration::from_secs(10), || is_mounted(&mnt)), "not mounted");
+    assert!(wait_until(STALL, || is_mounted(&mnt)), "not mounted");
     let conn = conn_of(&mnt).unwrap();
-    let answered = stat_within(&mnt, Duration::from_secs(5)) == Some(true);
+    let answered = stat_within(&mnt, STALL) == Some(true);
     let rings = std::fs::read_dir(format!("/proc/{}/task", daemon.id()))
         .map(|d| {
             d.flatten()
@@ -454,14 +504,14 @@ fn stat_answers_with_nofile(nofile: u32, env: &[(&str, &str)]) -> (bool, String)
                 .count()
         })
         .unwrap_or(0);
-    // `txfs umount` itself stats the mount point: give it 10 s.
+    // `txfs umount` itself stats the mount point: give it as long.
     let mut um = std::process::Command::new(TXFS).arg("umount").arg(&mnt).spawn().unwrap();
-    let um_ok = wait_timeout(&mut um, Duration::from_secs(10)).is_some_and(|s| s.success());
+    let um_ok = wait_timeout(&mut um, STALL).is_some_and(|s| s.success());
     if !um_ok {
         abort_fuse_conn(conn);
         let _ = std::process::Command::new("umount").arg("-l").arg(&mnt).status();
     }
-    if wait_timeout(&mut daemon, Duration::from_secs(10)).is_none() {
+    if wait_timeout(&mut daemon, STALL).is_none() {
         abort_fuse_conn(conn);
         let _ = daemon.kill();
         let _ = daemon.wait();

@@ -1,4 +1,5 @@
-"""Regressions found by the reliability campaign (issue 4, reliability/)."""
+"""Regressions of the Python client on a real mount, found by the
+reliability campaign (issue 4, reliability/)."""
 
 from __future__ import annotations
 

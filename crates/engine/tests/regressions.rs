@@ -1,9 +1,11 @@
-//! Regressions found by review, each opening with its story.
+//! Engine regressions, each opening with its story: what broke, how it was
+//! found, and the commit that fixed it. Bugs found by the model's random
+//! runs are pinned in model_regressions.rs.
 
 use std::ffi::OsStr;
 use std::sync::Arc;
 use txfs_engine::storage::MemFs;
-use txfs_engine::{Durability, Engine, Error, ObjId, Options};
+use txfs_engine::{Durability, Engine, Error, ObjId, Options, TxId};
 
 fn opts() -> Options {
     Options { flush_interval: None, ..Default::default() }
@@ -17,7 +19,8 @@ fn os(s: &str) -> &OsStr {
 /// .txfs/orphans/; a write through its handle is journaled naming
 /// `.txfs/orphans/N`; closing it used to unlink that file outside any plan
 /// (breaking J1), so a crash before the next checkpoint left a journal that
-/// recovery refused as corrupt.
+/// recovery refused as corrupt. Found in review; fixed in 20f2d89
+/// ("Fixes from review: ... orphan release ...").
 #[test]
 fn releasing_an_orphan_keeps_the_journal_recoverable() {
     let fs = Arc::new(MemFs::new());
@@ -43,7 +46,8 @@ fn releasing_an_orphan_keeps_the_journal_recoverable() {
 /// cannot see x, so D looks empty). The transaction used to commit, and
 /// then no checkpoint could place x: the engine was poisoned, and reopening
 /// failed the same way. The transaction read that D exists; D's removal
-/// changes that: it must lose.
+/// changes that: it must lose. Found in review; fixed in 20f2d89
+/// ("Fixes from review: removed target directories ...").
 #[test]
 fn creating_in_a_directory_removed_meanwhile_conflicts() {
     let fs = Arc::new(MemFs::new());
@@ -65,7 +69,9 @@ fn creating_in_a_directory_removed_meanwhile_conflicts() {
 }
 
 /// Story: creating different names in one directory must not conflict —
-/// also not with a directory created or removed next to them.
+/// also not with a directory created or removed next to them. Written with
+/// the fix of the test above (20f2d89), which must not make neighbouring
+/// names conflict.
 #[test]
 fn mkdir_and_rmdir_next_to_a_create_do_not_conflict() {
     let e = Engine::open(Arc::new(MemFs::new()), opts()).unwrap();
@@ -82,7 +88,8 @@ fn mkdir_and_rmdir_next_to_a_create_do_not_conflict() {
 
 /// Story: two processes create the same xattr with XATTR_CREATE outside
 /// transactions. The check and the change used to take the lock twice, so
-/// both could succeed. Exactly one must.
+/// both could succeed. Exactly one must. Found in review; fixed in aee19e8
+/// (setxattr: the checks and the change in one lock hold).
 #[test]
 fn xattr_create_is_atomic() {
     let e = Arc::new(Engine::open(Arc::new(MemFs::new()), opts()).unwrap());
@@ -104,9 +111,11 @@ fn xattr_create_is_atomic() {
     }
 }
 
-/// RealFs keeps read descriptors of recently read files (readahead). A path
-/// renamed over, unlinked and recreated, or moved with its directory must
-/// read as a fresh resolution would, never the file the descriptor was for.
+/// Story: RealFs keeps read descriptors of recently read files (readahead,
+/// 3d31485). A cache keyed by path would read through a descriptor of the
+/// file that used to be there: a path renamed over, unlinked and recreated,
+/// or moved with its directory must read as a fresh resolution would, never
+/// the file the descriptor was for. Pinned with the cache itself (3d31485).
 #[test]
 fn real_fs_read_descriptors_follow_renames_and_unlinks() {
     use txfs_engine::storage::{RealFs, Storage};
@@ -136,8 +145,10 @@ fn real_fs_read_descriptors_follow_renames_and_unlinks() {
     assert_eq!(read("e/a"), "NEW!");
 }
 
-/// SPEC §5: files created and deleted inside one transaction cost no
-/// durable I/O — not even the parent directory's bumped times. Times the
+/// Story: SPEC §5 says files created and deleted inside one transaction
+/// cost no durable I/O; such a transaction still journaled the parent
+/// directory's bumped times. Fixed in 8916857 (a transaction whose files
+/// were created and removed inside it writes nothing). Times the
 /// transaction set itself, and real changes, are still committed.
 #[test]
 fn a_file_created_and_removed_in_a_transaction_costs_no_journal_write() {
@@ -170,4 +181,53 @@ fn a_file_created_and_removed_in_a_transaction_costs_no_journal_write() {
     assert!(bytes() > before, "an explicit utimes was dropped");
     assert_eq!(e.getattr(None, d).unwrap().mtime, when);
     e.close().unwrap();
+}
+
+/// Resolves a slash-separated path from the root, in `tx`.
+fn obj(e: &Engine, tx: Option<TxId>, path: &str) -> txfs_engine::Result<ObjId> {
+    let mut cur = ObjId::ROOT;
+    for c in path.split('/').filter(|c| !c.is_empty()) {
+        cur = e.lookup(tx, cur, os(c))?.obj;
+    }
+    Ok(cur)
+}
+
+/// Story (found by the daemon crash campaign, reliability/crash_campaign.py,
+/// whose workers saw ENOENT inside transactions for files their snapshot
+/// held): T1 begins and sees d/x/f. T2 removes f and the directory x and
+/// commits. T1 then walks d/x/f (looking each name up again, as the kernel
+/// does with zero-TTL entries) and writes f. It must either see its
+/// snapshot or fail with a conflict: never ENOENT for a file its snapshot
+/// holds (SPEC: every read sees the state as of begin, or conflicts). The
+/// engine passed when this was pinned (ab63e31): the cause was the kernel's
+/// caches, pinned on a real mount by
+/// `uncommitted_rmdir_does_not_hide_a_directory_from_others` in
+/// crates/txfs/tests/regressions.rs.
+#[test]
+fn a_directory_removed_after_begin_is_a_conflict_not_enoent() {
+    for looked_up_before in [false, true] {
+        let e = Engine::open(Arc::new(MemFs::new()), opts()).expect("open");
+        let d = e.mkdir(None, ObjId::ROOT, os("d"), 0o755, 0, 0).unwrap().obj;
+        let x = e.mkdir(None, d, os("x"), 0o755, 0, 0).unwrap().obj;
+        let f = e.create(None, x, os("f"), 0o644, 0, 0).unwrap().obj;
+        e.write(None, f, 0, b"hello").unwrap();
+        let t1 = e.begin();
+        if looked_up_before {
+            obj(&e, Some(t1), "d/x/f").unwrap();
+        } else {
+            obj(&e, Some(t1), "d").unwrap();
+        }
+        let t2 = e.begin();
+        e.unlink(Some(t2), x, os("f")).unwrap();
+        e.rmdir(Some(t2), d, os("x")).unwrap();
+        e.commit(t2, Durability::Durable).unwrap();
+        let r = obj(&e, Some(t1), "d/x/f").and_then(|f| e.write(Some(t1), f, 0, b"HELLO").map(|_| ()));
+        match r {
+            Ok(()) | Err(Error::Conflict { .. }) => eprintln!("looked up before: {looked_up_before}: {r:?}"),
+            Err(other) => {
+                panic!("looked up before: {looked_up_before}: T1 got {other:?}, want its snapshot or a conflict")
+            }
+        }
+        let _ = e.abort(t1);
+    }
 }
