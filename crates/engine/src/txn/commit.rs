@@ -34,7 +34,6 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::log::record::{CommitRecord, FileRef, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj};
 impl Engine {
@@ -65,23 +64,21 @@ impl Engine {
                 st.discard_tx(&t);
                 st.stats.aborts += 1;
                 st.stats.live_txs = st.txs.len() as u64;
+                self.shared.copied.notify_all();
             }
             return Err(e);
         }
         let (pos, changed) = {
             // Writes of this transaction still copying into its data files
-            // finish first (`Tx::inflight`).
-            let mut st = loop {
-                let mut st = self.lock();
-                match st.txs.get_mut(&tx) {
-                    Some(t) if t.inflight > 0 => t.committing = true,
-                    _ => break st,
-                }
-                drop(st);
-                std::thread::sleep(Duration::from_micros(50));
-            };
+            // finish first (`Tx::inflight`); the last one to end wakes us.
+            let mut st = self.lock();
+            while let Some(t) = st.txs.get_mut(&tx).filter(|t| t.inflight > 0) {
+                t.committing = true;
+                self.shared.copied.wait(&mut st);
+            }
             let t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
             st.stats.live_txs = st.txs.len() as u64;
+            self.shared.copied.notify_all();
             if let Some(p) = st.poisoned.clone() {
                 st.discard_tx(&t);
                 return Err(Error::Poisoned(p));
@@ -106,6 +103,7 @@ impl Engine {
     pub fn abort(&self, tx: TxId) -> Result<()> {
         let mut st = self.lock();
         let t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
+        self.shared.copied.notify_all();
         st.discard_tx(&t);
         st.stats.aborts += 1;
         st.stats.live_txs = st.txs.len() as u64;

@@ -78,7 +78,7 @@ use crate::storage::{FileKind, Storage, Timestamp};
 pub use api::{Attr, DirEntry, Durability, Options, RenameFlags, SetAttr, Stats, IDLE_CHECKPOINT_MAX_NAMES, NAME_MAX};
 use commit::commit_locked;
 use namespace::{check_name, reserved};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use state::{State, Tx, ORPHANS_OBJ};
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
@@ -102,6 +102,10 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     pub ckpt_lock: Mutex<()>,
     pub flushes: AtomicU64,
+    /// Signalled, with the state lock held, when a write copying outside
+    /// the lock ends (`Tx::inflight` drops) and when a transaction leaves
+    /// the table: a commit waiting for its copies waits on this.
+    pub copied: Condvar,
 }
 
 /// A transactional file system over a backing directory, in-process.
@@ -127,6 +131,7 @@ impl Engine {
             stop: AtomicBool::new(false),
             ckpt_lock: Mutex::new(()),
             flushes: AtomicU64::new(0),
+            copied: Condvar::new(),
         });
         let engine = Engine { shared, bg: Mutex::new(None) };
         engine.checkpoint()?;

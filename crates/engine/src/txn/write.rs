@@ -357,6 +357,10 @@ impl Engine {
             return Err(Error::NoSuchTx(tx.unwrap_or(TxId(0))));
         };
         t.inflight -= 1;
+        if t.inflight == 0 {
+            // A commit of `t` may be waiting for its copies.
+            self.shared.copied.notify_all();
+        }
         let doomed = t.doomed.clone();
         if let (Ok(()), None, None) = (&copied, &doomed, &st.poisoned) {
             st.spilled(&mut t, o, off, len, id, at);
