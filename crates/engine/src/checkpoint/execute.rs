@@ -45,7 +45,7 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
 /// many or a directory cannot be synced (no longer there: moved out
 /// itself). Not `syncfs` always: it runs under the engine lock and also
 /// waits for every dirty page of the backing file system, which other
-/// programs' writes may have filled (bench/NOTES.md item 44).
+/// programs' writes may have filled.
 pub(super) fn sync_moves_out(s: &dyn Storage, plan: &Plan) -> Result<()> {
     const MAX_DIRS: usize = 64;
     let parent = |path: &[u8]| p(path).parent().unwrap_or(Path::new("")).to_path_buf();

@@ -332,8 +332,8 @@ impl JournalWriter {
 /// A big record's data is pushed toward the device every [`KICK`] bytes
 /// (`StoredFile::start_writeback`) while the rest is still being copied:
 /// otherwise the whole record waits in the page cache for the commit's
-/// `fdatasync` (W3's 10 MiB ordered commits left the last, durable one a
-/// 40 MiB flush: 22–26 ms of a 46–58 ms run; bench/NOTES item 26).
+/// `fdatasync`, and the one durable commit after a run of big ordered ones
+/// pays for flushing all of them at once.
 pub struct DataSink<'a> {
     file: &'a dyn StoredFile,
     /// Where `buf` goes (everything before it is written).
@@ -384,8 +384,7 @@ impl DataSink<'_> {
     /// of its last page. A write that covers only part of a page the page
     /// cache does not hold must read it first: appends into a recycled
     /// journal, or after its pages were evicted, paid a synchronous 4 KiB
-    /// read per commit (ftrace after W8's `drop_caches`: 1045 reads in
-    /// 1000 W9 commits, 244 → 300 µs per commit; bench/NOTES item 31).
+    /// read per commit, a large part of a small durable commit's time.
     /// Past the end there is only the runway, old epochs' bytes or nothing,
     /// and zeros there are a clean end (see "Zeroed runway").
     fn finish(&mut self) -> Result<()> {

@@ -36,7 +36,8 @@ pub struct Options {
     /// and a crash has less to replay. Not when the changes rename, create
     /// or remove more than [`IDLE_CHECKPOINT_MAX_NAMES`] names: a
     /// checkpoint moves names under the engine lock, and every request
-    /// waits for that (bench/NOTES.md item 45). `None`: only by size.
+    /// waits for that (tens of thousands of names held readers up for
+    /// seconds). `None`: only by size.
     pub idle_checkpoint: Option<Duration>,
 }
 

@@ -328,7 +328,7 @@ impl Engine {
     ///
     /// A file no layer changes is read from its backing file without the
     /// engine lock, so a cold read waits for the disk alone rather than
-    /// holding up every other request (bench/NOTES.md item 42). What the
+    /// holding up every other request. What the
     /// path names can change meanwhile only under the lock and only with
     /// `tree_gen` bumped, and a commit that changes the file gives it a
     /// layer: if either happened, the read is done again under the lock.
