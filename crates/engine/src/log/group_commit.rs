@@ -15,30 +15,23 @@
 //! committers at once).
 
 use crate::error::{Error, Result};
-use crate::ids::Epoch;
+use crate::ids::{Epoch, Lsn};
 use crate::storage::StoredFile;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// A position in the journal across epochs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct JPos {
-    pub epoch: Epoch,
-    pub off: u64,
-}
 
 /// Group commit: one `fdatasync` for every commit appended before it began.
 pub struct SyncState {
     inner: Mutex<SyncInner>,
     cv: Condvar,
     /// Highest position appended (updated under the engine lock).
-    pub written: Mutex<JPos>,
+    pub written: Mutex<Lsn>,
     pub syncs: AtomicU64,
 }
 
 struct SyncInner {
-    synced: JPos,
+    synced: Lsn,
     leader: bool,
     file: Option<Arc<dyn StoredFile>>,
     epoch: Epoch,
@@ -47,7 +40,7 @@ struct SyncInner {
 
 impl SyncState {
     pub fn new(epoch: Epoch, file: Arc<dyn StoredFile>, end: u64) -> SyncState {
-        let pos = JPos { epoch, off: end };
+        let pos = Lsn { epoch, off: end };
         SyncState {
             inner: Mutex::new(SyncInner { synced: pos, leader: false, file: Some(file), epoch, failed: None }),
             cv: Condvar::new(),
@@ -56,7 +49,7 @@ impl SyncState {
         }
     }
 
-    pub fn synced(&self) -> JPos {
+    pub fn synced(&self) -> Lsn {
         self.inner.lock().synced
     }
 
@@ -67,7 +60,7 @@ impl SyncState {
         while g.leader {
             self.cv.wait(&mut g);
         }
-        let pos = JPos { epoch, off: end };
+        let pos = Lsn { epoch, off: end };
         g.synced = pos;
         g.epoch = epoch;
         g.file = Some(file);
@@ -76,7 +69,7 @@ impl SyncState {
     }
 
     /// Returns once everything up to `target` is durable.
-    pub fn wait_durable(&self, target: JPos) -> Result<()> {
+    pub fn wait_durable(&self, target: Lsn) -> Result<()> {
         let mut g = self.inner.lock();
         loop {
             if let Some(e) = &g.failed {

@@ -102,7 +102,7 @@ use std::sync::Arc;
 
 // The record's meta part and group commit have modules of their own; their
 // items stay reachable here, where the journal's users have always found them.
-pub use super::group_commit::{JPos, SyncState};
+pub use super::group_commit::SyncState;
 pub use super::record::{
     CommitRecord, FileRef, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj, REC_VERSION, REC_VERSION_FILES,
 };

@@ -26,9 +26,9 @@ use super::Engine;
 
 use crate::delta::{DataLoc, Delta, SizeDelta, NO_CUT};
 use crate::error::{Error, IoContext, Result};
-use crate::ids::{ObjId, Seq, TxId};
+use crate::ids::{Lsn, ObjId, Seq, TxId};
 use crate::log::files::{data_path, DataFile};
-use crate::log::journal::{self, JPos, JournalWriter, SyncState};
+use crate::log::journal::{self, JournalWriter, SyncState};
 use crate::storage::{FileKind, StoredFile};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -125,7 +125,7 @@ pub(super) fn commit_locked(
     sync: &SyncState,
     mut tx: Tx,
     sync_follows: bool,
-) -> Result<(JPos, Vec<ObjId>)> {
+) -> Result<(Lsn, Vec<ObjId>)> {
     if let Some(w) = tx.doomed.take() {
         st.discard_tx(&tx);
         return Err(Error::Conflict { tx: tx.id, what: w });
@@ -249,7 +249,7 @@ pub(super) fn commit_locked(
     st.seq = seq;
     st.discard_tx(&tx);
     st.stats.commits += 1;
-    let pos = JPos { epoch, off: appended.end };
+    let pos = Lsn { epoch, off: appended.end };
     *sync.written.lock() = pos;
     Ok((pos, changed))
 }
