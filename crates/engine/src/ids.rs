@@ -53,3 +53,9 @@ pub struct Lsn {
     pub epoch: Epoch,
     pub off: u64,
 }
+
+/// A data file, `.txfs/data/<id as 16 hex digits>`: a transaction's spilled
+/// bytes, a new file's staged content or a shadow (DESIGN §2a). Journal
+/// records and checkpoint plans store the bare number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DataFileId(pub u64);

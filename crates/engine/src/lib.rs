@@ -36,7 +36,7 @@ pub mod storage;
 mod txn;
 
 pub use error::{Error, Result, ECONFLICT};
-pub use ids::{Epoch, Lsn, ObjId, Seq, TxId};
+pub use ids::{DataFileId, Epoch, Lsn, ObjId, Seq, TxId};
 pub use log::files::META_DIR;
 pub use log::journal;
 pub use recovery::{check, CheckReport, JournalReport};

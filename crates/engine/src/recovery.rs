@@ -30,7 +30,7 @@
 use crate::checkpoint;
 use crate::delta::{AttrDelta, DataLoc, Delta, FileDelta, NewObj, SizeDelta};
 use crate::error::{Error, IoContext, Result};
-use crate::ids::{Epoch, ObjId, Seq};
+use crate::ids::{DataFileId, Epoch, ObjId, Seq};
 use crate::log::files::{self, data_path, is_missing, journal_path, META_DIR};
 use crate::log::journal::{self, JournalWriter};
 use crate::log::record::{CommitRecord, FileRef, ObjRef};
@@ -226,7 +226,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     // seen, so none can meet a leftover.
     let ddir = meta.join("data");
     for (n, _) in s.read_dir(&ddir).ctx("recovery", || ddir.display().to_string())? {
-        let id = parse_hex(&n, "", "");
+        let id = parse_hex(&n, "", "").map(DataFileId);
         if let Some(id) = id {
             st.data_id_seen(id);
         }
@@ -313,7 +313,7 @@ fn decode(
         let o = resolve(st, news, &ro.obj)?;
         open_data_file(st, fr)?;
         let fd = d.obj(o).file.as_mut().expect("checked above");
-        fd.ext.insert(fr.off, fr.len, DataLoc::File(fr.file, fr.file_off));
+        fd.ext.insert(fr.off, fr.len, DataLoc::File(DataFileId(fr.file), fr.file_off));
     }
     Ok(d)
 }
@@ -321,12 +321,13 @@ fn decode(
 /// Opens the data file a record names (synced before the record was
 /// written: missing or short is damage).
 fn open_data_file(st: &mut State, fr: &FileRef) -> Result<()> {
-    let path = data_path(fr.file);
-    let len = match st.data_file(fr.file) {
+    let id = DataFileId(fr.file);
+    let path = data_path(id);
+    let len = match st.data_file(id) {
         Some(df) => df.len,
         None => {
             let len = st.storage().lstat(&path).ctx("recovery", || path.display().to_string())?.size;
-            st.add_committed_data_file(fr.file, len);
+            st.add_committed_data_file(id, len);
             len
         }
     };
@@ -423,7 +424,7 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
                             std::iter::once(&d.dir).chain(d.entries.iter().filter_map(|(_, e)| e.as_ref()))
                         });
                         for fr in &r.record.files {
-                            let dp = data_path(fr.file);
+                            let dp = data_path(DataFileId(fr.file));
                             let len = s.lstat(&dp).map(|m| m.size).unwrap_or(0);
                             if len < fr.file_off + fr.len {
                                 rep.problems.push(format!(

@@ -15,7 +15,7 @@
 use super::plan::*;
 use crate::delta::NO_CUT;
 use crate::error::{Error, IoContext, Result};
-use crate::ids::Epoch;
+use crate::ids::{DataFileId, Epoch};
 use crate::log::files::{data_path, is_missing, journal_path, keep_as_spare, recycle_spare, META_DIR};
 use crate::log::journal::{self};
 use crate::storage::{FileKind, Storage, StoredFile};
@@ -236,7 +236,7 @@ pub(super) fn contents(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile, s
         }
         // Data files stay until the plan is finished: replay finds them.
         for &(off, len, id, foff) in &op.files {
-            let dp = data_path(id);
+            let dp = data_path(DataFileId(id));
             let df = s.open_file(&dp, false).ctx("checkpoint data file", || dp.display().to_string())?;
             let mut done = 0u64;
             while done < len {

@@ -16,7 +16,7 @@
 
 use super::execute::*;
 use crate::error::{Error, IoContext, Result};
-use crate::ids::{Epoch, ObjId, Seq};
+use crate::ids::{DataFileId, Epoch, ObjId, Seq};
 use crate::log::files::{data_path, META_DIR, SPARES_MAX};
 use crate::log::journal::{self};
 use crate::storage::{FileKind, Storage, Timestamp};
@@ -283,9 +283,9 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
     }
     // How many objects have bytes in each data file: one that holds
     // another object's bytes is never renamed away.
-    let mut users: HashMap<u64, usize> = HashMap::new();
+    let mut users: HashMap<DataFileId, usize> = HashMap::new();
     for od in d.objs.values() {
-        let ids: HashSet<u64> = od
+        let ids: HashSet<DataFileId> = od
             .file
             .iter()
             .flat_map(|f| f.ext.iter())
@@ -300,7 +300,7 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
     }
     // New files that are exactly a data file (staged, or the shadow of a
     // later transaction that rewrote all of it): renamed into place.
-    let mut in_place: HashMap<ObjId, u64> = HashMap::new();
+    let mut in_place: HashMap<ObjId, DataFileId> = HashMap::new();
     for (o, n) in &created {
         if n.kind != FileKind::File {
             continue;
@@ -317,7 +317,7 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
     // Existing files whose committed content is all of their shadow: the
     // shadow replaces them. Only files that keep their one name (a second
     // link would keep the old inode's content).
-    let mut replace: HashMap<ObjId, (u64, u64, PathBuf, u64)> = HashMap::new();
+    let mut replace: HashMap<ObjId, (DataFileId, u64, PathBuf, u64)> = HashMap::new();
     for (o, od) in &d.objs {
         if d.created.contains_key(o) || staged.contains(o) || final_locs.contains_key(o) {
             continue;
@@ -442,7 +442,7 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             for (off, e) in f.ext.iter() {
                 match e.loc {
                     crate::delta::DataLoc::Journal(ep, joff) if ep == plan.epoch => extents.push((off, e.len, joff)),
-                    crate::delta::DataLoc::File(id, foff) => files.push((off, e.len, id, foff)),
+                    crate::delta::DataLoc::File(id, foff) => files.push((off, e.len, id.0, foff)),
                     _ => {
                         return Err(Error::Poisoned(format!(
                             "{o}: committed extent not in the journal of {:?}",

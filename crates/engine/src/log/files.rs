@@ -20,7 +20,7 @@
 //! `tests/journal_recycle.rs`, `tests/review_recycle.rs`.
 
 use crate::error::{Error, IoContext, Result};
-use crate::ids::{Epoch, Seq, TxId};
+use crate::ids::{DataFileId, Epoch, Seq, TxId};
 use crate::log::journal;
 use crate::storage::{Storage, StoredFile};
 use std::path::{Path, PathBuf};
@@ -37,8 +37,8 @@ pub fn journal_path(e: Epoch) -> PathBuf {
     Path::new(META_DIR).join("journal").join(format!("{:016x}", e.0))
 }
 
-pub(crate) fn data_path(id: u64) -> PathBuf {
-    Path::new(META_DIR).join("data").join(format!("{id:016x}"))
+pub(crate) fn data_path(id: DataFileId) -> PathBuf {
+    Path::new(META_DIR).join("data").join(format!("{:016x}", id.0))
 }
 
 /// Total bytes of spare data files kept (DESIGN §2a).

@@ -26,7 +26,7 @@ use super::Engine;
 
 use crate::delta::{DataLoc, Delta, SizeDelta, NO_CUT};
 use crate::error::{Error, IoContext, Result};
-use crate::ids::{Lsn, ObjId, Seq, TxId};
+use crate::ids::{DataFileId, Lsn, ObjId, Seq, TxId};
 use crate::log::files::{data_path, DataFile};
 use crate::log::journal::{self, JournalWriter, SyncState};
 use crate::storage::{FileKind, StoredFile};
@@ -221,7 +221,7 @@ pub(super) fn commit_locked(
         }
     };
     // The data files the record names now belong to the committed state.
-    for id in rec.files.iter().map(|f| f.file).collect::<std::collections::BTreeSet<_>>() {
+    for id in rec.files.iter().map(|f| DataFileId(f.file)).collect::<std::collections::BTreeSet<_>>() {
         if let Some(df) = st.data_files.get_mut(&id) {
             if df.owner.take().is_some() {
                 st.committed_data_bytes += df.len;
@@ -362,7 +362,10 @@ pub(super) fn stamp(st: &mut State, delta: &Delta, seq: Seq, old_sizes: &HashMap
 
 /// The data files of `tx` that hold bytes not yet synced, marking them
 /// synced: the caller syncs them before the commit record is written.
-pub(super) fn take_unsynced(data_files: &HashMap<u64, DataFile>, tx: &mut Tx) -> Vec<(u64, Arc<dyn StoredFile>)> {
+pub(super) fn take_unsynced(
+    data_files: &HashMap<DataFileId, DataFile>,
+    tx: &mut Tx,
+) -> Vec<(DataFileId, Arc<dyn StoredFile>)> {
     if !std::mem::take(&mut tx.data_dirty) {
         return Vec::new();
     }
@@ -370,7 +373,7 @@ pub(super) fn take_unsynced(data_files: &HashMap<u64, DataFile>, tx: &mut Tx) ->
     files.collect()
 }
 
-pub(super) fn sync_data_files(files: &[(u64, Arc<dyn StoredFile>)]) -> Result<()> {
+pub(super) fn sync_data_files(files: &[(DataFileId, Arc<dyn StoredFile>)]) -> Result<()> {
     for (id, f) in files {
         f.sync_data().ctx("commit", || format!("syncing {}", data_path(*id).display()))?;
     }
@@ -434,7 +437,7 @@ pub(crate) fn encode(st: &State, d: &Delta) -> Result<(CommitRecord, Vec<(ObjId,
             let mut ex = Vec::new();
             for (off, e) in f.ext.iter() {
                 if let DataLoc::File(file, file_off) = e.loc {
-                    rec.files.push(FileRef { obj: index, off, len: e.len, file, file_off });
+                    rec.files.push(FileRef { obj: index, off, len: e.len, file: file.0, file_off });
                     continue;
                 }
                 ex.push((off, e.len, data_off));

@@ -25,7 +25,7 @@ use super::isolation::{ReadSet, Versions};
 
 use crate::delta::{DataLoc, Delta};
 use crate::error::{Error, Result};
-use crate::ids::{Epoch, ObjId, Seq, TxId};
+use crate::ids::{DataFileId, Epoch, ObjId, Seq, TxId};
 use crate::log::files::{data_path, journal_path, read_exact_at, DataFile, META_DIR};
 use crate::log::journal::{self, JournalWriter};
 use crate::storage::{FileKind, Meta, Storage, StoredFile};
@@ -67,13 +67,13 @@ pub(crate) struct Tx {
     pub(super) doomed: Option<String>,
     pub(super) mem_bytes: u64,
     /// The transaction's spill data file and where its next bytes go.
-    pub(super) spill: Option<(u64, u64)>,
+    pub(super) spill: Option<(DataFileId, u64)>,
     /// Files it created whose content is staged in a data file.
-    pub(super) staged: HashMap<ObjId, u64>,
+    pub(super) staged: HashMap<ObjId, DataFileId>,
     /// Existing files it rewrites from the start, past `stage_threshold` or
     /// its memory: their shadow data files, which hold its bytes at the
     /// files' own offsets (DESIGN §2a).
-    pub(super) shadows: HashMap<ObjId, u64>,
+    pub(super) shadows: HashMap<ObjId, DataFileId>,
     /// A data file of this transaction was written since it was last synced.
     pub(super) data_dirty: bool,
     /// Objects whose attributes the transaction set itself (setattr), as
@@ -91,7 +91,7 @@ pub(crate) struct Tx {
 
 impl Tx {
     /// Its data files: the spill file and the staged files.
-    pub(super) fn data_file_ids(&self) -> impl Iterator<Item = u64> + '_ {
+    pub(super) fn data_file_ids(&self) -> impl Iterator<Item = DataFileId> + '_ {
         let files = self.staged.values().chain(self.shadows.values()).copied();
         self.spill.iter().map(|(id, _)| *id).chain(files)
     }
@@ -128,7 +128,7 @@ pub(crate) struct NodeUpdates {
     /// Existing files replaced by their shadow: a new backing inode.
     pub(crate) replaced: Vec<ObjId>,
     /// Ids of the data files that old inodes are kept as (spares).
-    pub(crate) spares: Vec<u64>,
+    pub(crate) spares: Vec<DataFileId>,
 }
 
 pub(crate) struct State {
@@ -156,7 +156,7 @@ pub(crate) struct State {
     pub(super) journal_files: HashMap<Epoch, Arc<dyn StoredFile>>,
     /// Data files (`.txfs/data/`): of live transactions, and those that
     /// committed records name until the checkpoint retires them.
-    pub(super) data_files: HashMap<u64, DataFile>,
+    pub(super) data_files: HashMap<DataFileId, DataFile>,
     pub(super) next_data: u64,
     /// Bytes in data files that committed records name (checkpoint trigger).
     pub(super) committed_data_bytes: u64,
@@ -170,7 +170,7 @@ pub(crate) struct State {
     /// Spare data files: the old inodes of files a checkpoint replaced by
     /// their shadows, `(id, length)`. A new shadow takes one and overwrites
     /// blocks that are already allocated (DESIGN §2a).
-    pub(super) spares: Vec<(u64, u64)>,
+    pub(super) spares: Vec<(DataFileId, u64)>,
 }
 
 impl State {
@@ -383,7 +383,7 @@ impl State {
         &self.journal
     }
 
-    pub(crate) fn data_file(&self, id: u64) -> Option<&DataFile> {
+    pub(crate) fn data_file(&self, id: DataFileId) -> Option<&DataFile> {
         self.data_files.get(&id)
     }
 
@@ -410,20 +410,20 @@ impl State {
     }
 
     /// A data-file id never used before.
-    pub(crate) fn new_data_id(&mut self) -> u64 {
-        let k = self.next_data;
+    pub(crate) fn new_data_id(&mut self) -> DataFileId {
+        let k = DataFileId(self.next_data);
         self.next_data += 1;
         k
     }
 
     /// Recovery met the data file `id` on disk: new ids go past it.
-    pub(crate) fn data_id_seen(&mut self, id: u64) {
-        self.next_data = self.next_data.max(id + 1);
+    pub(crate) fn data_id_seen(&mut self, id: DataFileId) {
+        self.next_data = self.next_data.max(id.0 + 1);
     }
 
     /// Recovery: a committed record names the data file `id` of `len`
     /// bytes; the checkpoint of the current epoch retires it.
-    pub(crate) fn add_committed_data_file(&mut self, id: u64, len: u64) {
+    pub(crate) fn add_committed_data_file(&mut self, id: DataFileId, len: u64) {
         let epoch = self.journal.epoch;
         self.data_files.insert(id, DataFile { file: None, owner: None, len, epoch });
         self.committed_data_bytes += len;
@@ -517,11 +517,11 @@ impl State {
     /// The checkpoint of `epoch` is over: its frozen delta and journal go,
     /// and so do the data files its records named; returns their ids (the
     /// caller unlinks them).
-    pub(crate) fn end_checkpoint(&mut self, epoch: Epoch) -> Vec<u64> {
+    pub(crate) fn end_checkpoint(&mut self, epoch: Epoch) -> Vec<DataFileId> {
         self.frozen = None;
         self.tree_gen += 1;
         self.journal_files.remove(&epoch);
-        let retired: Vec<u64> = self
+        let retired: Vec<DataFileId> = self
             .data_files
             .iter()
             .filter(|(_, df)| df.owner.is_none() && df.epoch == epoch)

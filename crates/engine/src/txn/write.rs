@@ -24,7 +24,7 @@ use super::Engine;
 
 use crate::delta::{DataLoc, FileDelta};
 use crate::error::{Error, IoContext, Result};
-use crate::ids::{ObjId, TxId};
+use crate::ids::{DataFileId, ObjId, TxId};
 use crate::log::files::{data_path, DataFile};
 use crate::storage::{FileKind, StoredFile};
 use std::sync::Arc;
@@ -92,7 +92,7 @@ impl State {
         o: ObjId,
         off: u64,
         len: u64,
-    ) -> Result<Option<(u64, u64, Arc<dyn StoredFile>)>> {
+    ) -> Result<Option<(DataFileId, u64, Arc<dyn StoredFile>)>> {
         if tx.committing {
             return Ok(None);
         }
@@ -136,7 +136,7 @@ impl State {
     /// once; from then on every write of `o` goes there, at its own offset.
     /// A checkpoint renames the shadow into place when it is all of the
     /// committed content (DESIGN §2a): those bytes are written once.
-    fn shadow(&mut self, tx: &mut Tx, o: ObjId, off: u64, len: u64) -> Result<Option<u64>> {
+    fn shadow(&mut self, tx: &mut Tx, o: ObjId, off: u64, len: u64) -> Result<Option<DataFileId>> {
         if let Some(&id) = tx.shadows.get(&o) {
             return Ok(Some(id));
         }
@@ -188,7 +188,7 @@ impl State {
 
     /// The bytes reserved by [`State::reserve_spill`] are written: they are
     /// the transaction's content of `o` at `off`.
-    fn spilled(&mut self, tx: &mut Tx, o: ObjId, off: u64, len: u64, id: u64, at: u64) {
+    fn spilled(&mut self, tx: &mut Tx, o: ObjId, off: u64, len: u64, id: DataFileId, at: u64) {
         tx.data_dirty = true;
         tx.delta.obj(o).file.get_or_insert_with(FileDelta::default).write(off, len, DataLoc::File(id, at));
         Self::touch(tx, o, true);
@@ -197,7 +197,7 @@ impl State {
     /// Copies extents' bytes into the data file `id`, each at its own file
     /// offset, a MiB at a time (staging and shadows move a transaction's
     /// bytes into their file once).
-    fn copy_into(&self, id: u64, pieces: &[(u64, u64, DataLoc)], op: &'static str) -> Result<()> {
+    fn copy_into(&self, id: DataFileId, pieces: &[(u64, u64, DataLoc)], op: &'static str) -> Result<()> {
         let what = || data_path(id).display().to_string();
         let file =
             self.data_files.get(&id).ok_or_else(|| Error::Poisoned(format!("{op}: data file gone")))?.writer()?;
@@ -220,7 +220,7 @@ impl State {
     /// length stays its `len` (the blocks past what the shadow writes hold
     /// old bytes: a checkpoint renames a shadow into place only when every
     /// byte below its size is the transaction's, cutting the rest).
-    fn take_spare(&mut self, tx: &Tx, want: u64) -> Option<u64> {
+    fn take_spare(&mut self, tx: &Tx, want: u64) -> Option<DataFileId> {
         let fits = (0..self.spares.len()).filter(|&i| self.spares[i].1 >= want).min_by_key(|&i| self.spares[i].1);
         let i = fits.or_else(|| (0..self.spares.len()).max_by_key(|&i| self.spares[i].1))?;
         let (id, len) = self.spares.swap_remove(i);
@@ -250,8 +250,8 @@ impl State {
     }
 
     /// A new, empty data file owned by `tx`.
-    fn new_data_file(&mut self, tx: &Tx, what: &'static str) -> Result<u64> {
-        let id = self.next_data;
+    fn new_data_file(&mut self, tx: &Tx, what: &'static str) -> Result<DataFileId> {
+        let id = DataFileId(self.next_data);
         self.next_data += 1;
         let path = data_path(id);
         let f = self.storage.open_file(&path, true).ctx(what, || path.display().to_string())?;
