@@ -36,6 +36,13 @@ use std::ffi::OsString;
 use std::sync::Arc;
 
 /// No cut: the content below survives up to its own size.
+///
+/// NB: a value, not `Option<u64>`. A cut is an upper bound on the bytes
+/// that survive from below, and cuts compose by `min` (see
+/// [`FileDelta::compose`]); "no cut" is the bound that keeps everything,
+/// the identity of `min`, so every formula above holds for it unchanged.
+/// An `Option` would need its own `min` at each of those places (`None` sorts
+/// first). Journal records and checkpoint plans store it as this value.
 pub const NO_CUT: u64 = u64::MAX;
 
 /// Where the bytes of an extent live.
