@@ -12,12 +12,12 @@
 //! `check_after_a_checkpoint_killed_at_every_step_reports_no_damage`),
 //! `tests/checkpoint_syncs.rs` (which directories phase 1 syncs).
 
-use super::plan::*;
+use super::plan::{marker_path, p, plan_path, prepare_shadow, MoveOut, Place, Plan};
 use crate::delta::NO_CUT;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{DataFileId, Epoch};
 use crate::log::files::{data_path, is_missing, journal_path, keep_as_spare, recycle_spare, META_DIR};
-use crate::log::journal::{self};
+use crate::log::journal;
 use crate::storage::{FileKind, Storage, StoredFile};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -46,7 +46,7 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
 /// itself). Not `syncfs` always: it runs under the engine lock and also
 /// waits for every dirty page of the backing file system, which other
 /// programs' writes may have filled.
-pub(super) fn sync_moves_out(s: &dyn Storage, plan: &Plan) -> Result<()> {
+fn sync_moves_out(s: &dyn Storage, plan: &Plan) -> Result<()> {
     const MAX_DIRS: usize = 64;
     let parent = |path: &[u8]| p(path).parent().unwrap_or(Path::new("")).to_path_buf();
     let mut dirs = std::collections::BTreeSet::new();
@@ -67,7 +67,7 @@ pub(super) fn sync_moves_out(s: &dyn Storage, plan: &Plan) -> Result<()> {
     s.sync_all().ctx("checkpoint sync", || "phase 1".into())
 }
 
-pub(super) fn in_stage(path: &[u8]) -> bool {
+fn in_stage(path: &[u8]) -> bool {
     p(path).starts_with(Path::new(META_DIR).join("stage"))
 }
 
@@ -155,38 +155,12 @@ pub(super) fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// Gives the shadow `data` what the file `to` it replaces has besides its
-/// bytes: owner, mode, exactly its xattrs (a spare's own are removed;
-/// ACLs are xattrs) and times. Done while the plan is built, before it is
-/// persisted: a daemon that may not do this (not root, a file system
-/// without owners or xattrs) copies the file instead of failing a plan it
-/// could never finish. The storage contract's ordered metadata makes these
-/// changes durable no later than the plan.
-pub(super) fn prepare_shadow(s: &dyn Storage, data: &Path, to: &Path) -> std::io::Result<()> {
-    let m = s.lstat(to)?;
-    // chown first: it clears the set-id bits that chmod then restores.
-    s.set_owner(data, m.uid, m.gid)?;
-    s.set_mode(data, m.mode)?;
-    let want = s.list_xattrs(to)?;
-    for name in s.list_xattrs(data)? {
-        if !want.contains(&name) {
-            s.remove_xattr(data, &name)?;
-        }
-    }
-    for name in &want {
-        if let Some(v) = s.get_xattr(to, name)? {
-            s.set_xattr(data, name, &v)?;
-        }
-    }
-    s.set_times(data, m.atime, m.mtime)
-}
-
 /// `to`'s new content is its prepared shadow `data`: cut to `size`, synced
 /// and renamed over `to`. With `keep`, the old inode is linked there first
 /// (if the file system allows: otherwise it is simply not kept). Replaying
 /// it is safe until the rename (`to` is still the old inode); after it
 /// `data` is gone and it is skipped.
-pub(super) fn replace_file(s: &dyn Storage, data: &Path, to: &Path, size: u64, keep: Option<&Path>) -> Result<()> {
+fn replace_file(s: &dyn Storage, data: &Path, to: &Path, size: u64, keep: Option<&Path>) -> Result<()> {
     let what = || to.display().to_string();
     let dwhat = || data.display().to_string();
     // Again, while `to` is still the old inode: on a file system that does
@@ -296,7 +270,7 @@ pub(super) fn delete_and_sync(s: &dyn Storage, plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn remove_tree(s: &dyn Storage, path: &Path) -> Result<()> {
+fn remove_tree(s: &dyn Storage, path: &Path) -> Result<()> {
     let m = match s.lstat(path) {
         Ok(m) => m,
         Err(e) if is_missing(&e) => return Ok(()),

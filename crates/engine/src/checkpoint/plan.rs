@@ -14,11 +14,10 @@
 //! `checkpoint_of_a_file_linked_elsewhere_killed_at_every_step`),
 //! `tests/shadow.rs` (`a_replacing_checkpoint_killed_at_every_step`).
 
-use super::execute::*;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{DataFileId, Epoch, ObjId, Seq};
 use crate::log::files::{data_path, META_DIR, SPARES_MAX};
-use crate::log::journal::{self};
+use crate::log::journal;
 use crate::storage::{FileKind, Storage, Timestamp};
 use crate::txn::state::{BaseLoc, NodeUpdates, State, ORPHANS_OBJ};
 use serde::{Deserialize, Serialize};
@@ -115,11 +114,11 @@ pub(super) fn marker_path(e: Epoch) -> PathBuf {
     Path::new(META_DIR).join(format!("ckpt-{:016x}.p1", e.0))
 }
 
-pub(super) fn stage_path(o: ObjId) -> PathBuf {
+fn stage_path(o: ObjId) -> PathBuf {
     Path::new(META_DIR).join("stage").join(format!("o{}", o.0))
 }
 
-pub(super) fn orphan_name(o: ObjId) -> OsString {
+fn orphan_name(o: ObjId) -> OsString {
     OsString::from(format!("{}", o.0))
 }
 
@@ -470,6 +469,32 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
     upd.in_place = in_place.into_keys().chain(replace.keys().copied()).collect();
     upd.replaced = replace.into_keys().collect();
     Ok((plan, upd))
+}
+
+/// Gives the shadow `data` what the file `to` it replaces has besides its
+/// bytes: owner, mode, exactly its xattrs (a spare's own are removed;
+/// ACLs are xattrs) and times. Done while the plan is built, before it is
+/// persisted: a daemon that may not do this (not root, a file system
+/// without owners or xattrs) copies the file instead of failing a plan it
+/// could never finish. The storage contract's ordered metadata makes these
+/// changes durable no later than the plan.
+pub(super) fn prepare_shadow(s: &dyn Storage, data: &Path, to: &Path) -> std::io::Result<()> {
+    let m = s.lstat(to)?;
+    // chown first: it clears the set-id bits that chmod then restores.
+    s.set_owner(data, m.uid, m.gid)?;
+    s.set_mode(data, m.mode)?;
+    let want = s.list_xattrs(to)?;
+    for name in s.list_xattrs(data)? {
+        if !want.contains(&name) {
+            s.remove_xattr(data, &name)?;
+        }
+    }
+    for name in &want {
+        if let Some(v) = s.get_xattr(to, name)? {
+            s.set_xattr(data, name, &v)?;
+        }
+    }
+    s.set_times(data, m.atime, m.mtime)
 }
 
 /// Persists a plan: write a temp file, fsync, rename, fsync the folder.

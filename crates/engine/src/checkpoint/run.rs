@@ -16,8 +16,8 @@
 //! `tests/limits.rs` (`a_checkpoint_that_does_not_fit_is_postponed_not_poisoned`),
 //! `tests/idle_checkpoint.rs`.
 
-use super::execute::*;
-use super::plan::*;
+use super::execute::{contents, delete_and_sync, namespace, next_journal, retire, sync_stage_writes};
+use super::plan::{build, persist, Plan};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::ObjId;
 use crate::log::files::{data_path, drop_spare, is_missing};

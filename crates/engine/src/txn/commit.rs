@@ -257,7 +257,7 @@ pub(super) fn commit_locked(
 /// Objects created and removed again inside one transaction, and not
 /// open, leave no trace: no journal bytes, no durable I/O (SPEC §5);
 /// changes to objects that are gone cannot be observed by anyone.
-pub(super) fn drop_unreachable_new(st: &mut State, d: &mut Delta, explicit: &std::collections::HashSet<ObjId>) {
+fn drop_unreachable_new(st: &mut State, d: &mut Delta, explicit: &std::collections::HashSet<ObjId>) {
     let linked: std::collections::HashSet<ObjId> =
         d.dirs.values().flat_map(|e| e.values().flatten().copied()).collect();
     let dead: Vec<ObjId> = d
@@ -312,7 +312,7 @@ pub(super) fn drop_unreachable_new(st: &mut State, d: &mut Delta, explicit: &std
     }
 }
 
-pub(super) fn placeholder_writer(st: &State) -> JournalWriter {
+fn placeholder_writer(st: &State) -> JournalWriter {
     JournalWriter {
         epoch: st.journal.epoch,
         path: st.journal.path.clone(),
@@ -362,10 +362,7 @@ pub(super) fn stamp(st: &mut State, delta: &Delta, seq: Seq, old_sizes: &HashMap
 
 /// The data files of `tx` that hold bytes not yet synced, marking them
 /// synced: the caller syncs them before the commit record is written.
-pub(super) fn take_unsynced(
-    data_files: &HashMap<DataFileId, DataFile>,
-    tx: &mut Tx,
-) -> Vec<(DataFileId, Arc<dyn StoredFile>)> {
+fn take_unsynced(data_files: &HashMap<DataFileId, DataFile>, tx: &mut Tx) -> Vec<(DataFileId, Arc<dyn StoredFile>)> {
     if !std::mem::take(&mut tx.data_dirty) {
         return Vec::new();
     }
@@ -373,7 +370,7 @@ pub(super) fn take_unsynced(
     files.collect()
 }
 
-pub(super) fn sync_data_files(files: &[(DataFileId, Arc<dyn StoredFile>)]) -> Result<()> {
+fn sync_data_files(files: &[(DataFileId, Arc<dyn StoredFile>)]) -> Result<()> {
     for (id, f) in files {
         f.sync_data().ctx("commit", || format!("syncing {}", data_path(*id).display()))?;
     }

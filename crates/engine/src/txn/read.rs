@@ -301,7 +301,7 @@ impl State {
     }
 }
 
-pub(super) fn apply_attr(a: &mut Attr, d: &AttrDelta) {
+fn apply_attr(a: &mut Attr, d: &AttrDelta) {
     if let Some(m) = d.mode {
         a.mode = m;
     }

@@ -32,7 +32,7 @@ use std::sync::Arc;
 /// A rewrite gets a shadow once it reaches this far into the file: smaller
 /// files stay in the spill file (one sync for all of them at the commit,
 /// not one each, and no rename each at the checkpoint).
-pub(super) const SHADOW_MIN: u64 = 1 << 20;
+const SHADOW_MIN: u64 = 1 << 20;
 
 impl State {
     fn write(&mut self, tx: &mut Tx, o: ObjId, off: u64, data: &[u8]) -> Result<()> {
