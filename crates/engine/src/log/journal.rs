@@ -93,6 +93,13 @@
 //! ## Group commit (invariant J4)
 //! Appends happen under the engine lock; the `fdatasync` that makes them
 //! durable runs outside it, one for many committers: [`super::group_commit`].
+//!
+//! ## Tests
+//! J2 and J3: `tests/crash.rs` (`power_cuts_leave_a_durable_prefix`,
+//! `journal_damage_is_reported_and_torn_tail_is_cut`). The runway:
+//! `tests/journal_runway.rs` and the unit tests below. Recycled journals and
+//! the nonce: `tests/journal_recycle.rs`, `tests/review_recycle.rs`,
+//! `tests/review_nonce.rs`.
 
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{Epoch, Seq};
