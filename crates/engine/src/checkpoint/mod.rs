@@ -41,10 +41,10 @@
 //! Locking: plan, phase 1, marker and phase 2 run under the engine lock;
 //! phase 3 onwards runs outside it while the delta being written stays
 //! readable as `State::frozen` and new commits go to the next journal
-//! ([`run`], DESIGN §4).
+//! ([`run()`], DESIGN §4).
 //!
 //! ## Rooms
-//! * `plan.rs`: the [`Plan`], built from the committed delta, persisted
+//! * `plan.rs`: the [`Plan`](plan::Plan), built from the committed delta, persisted
 //!   before phase 1 and loaded by recovery (J1, J5).
 //! * `execute.rs`: the phases and the switch to the next journal, on the
 //!   storage and the plan alone: recovery runs the same code.

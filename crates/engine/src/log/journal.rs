@@ -92,7 +92,7 @@
 //!
 //! ## Group commit (invariant J4)
 //! Appends happen under the engine lock; the `fdatasync` that makes them
-//! durable runs outside it, one for many committers: [`super::group_commit`].
+//! durable runs outside it, one for many committers: `log/group_commit.rs`.
 //!
 //! ## Tests
 //! J2 and J3: `tests/crash.rs` (`power_cuts_leave_a_durable_prefix`,

@@ -91,7 +91,7 @@ pub struct DirEntry {
     pub kind: FileKind,
 }
 
-/// Attribute changes for [`Engine::setattr`].
+/// Attribute changes for [`Engine::setattr`](crate::Engine::setattr).
 #[derive(Clone, Debug, Default)]
 pub struct SetAttr {
     pub mode: Option<u32>,
@@ -102,7 +102,7 @@ pub struct SetAttr {
     pub mtime: Option<Timestamp>,
 }
 
-/// Flags of [`Engine::rename`] (as `renameat2`).
+/// Flags of [`Engine::rename`](crate::Engine::rename) (as `renameat2`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RenameFlags {
     pub noreplace: bool,

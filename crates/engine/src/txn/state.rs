@@ -145,7 +145,7 @@ pub(crate) struct State {
     /// Bumped, under the lock, before anything renames or removes a file of
     /// the backing tree (a checkpoint's start, an orphan's removal) and when
     /// a checkpoint ends: a read that ran without the lock counts only if
-    /// this did not move meanwhile ([`Engine::read`]).
+    /// this did not move meanwhile ([`Engine::read`](crate::Engine::read)).
     pub(super) tree_gen: u64,
     pub(super) txs: HashMap<TxId, Tx>,
     pub(super) ver: Versions,
