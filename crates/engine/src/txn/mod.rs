@@ -21,7 +21,7 @@
 //!          stamp what it changed (I2)--------> Committed  [commit_locked, stamp]
 //!   Committed --Durable: one shared sync (J4)> Durable    [SyncState::wait_durable]
 //!   Doomed --commit()------------------------> gone, Conflict   [commit_locked]
-//!   Live, Doomed --abort() / owner gone------> gone, nothing written
+//!   Live, Doomed --abort() / drop of owner---> gone, nothing written
 //!                                                         [Engine::abort, State::discard_tx]
 //! ```
 //! An operation outside a transaction (`tx: None`) runs the whole machine
@@ -59,8 +59,10 @@
 //! * `isolation.rs`: commit stamps and read sets (I2, I3).
 //!
 //! ## Layers
-//! `storage`, `delta` and `log` know nothing of transactions. `state.rs`
-//! and the rooms that add methods to `State` use only those. Checkpoint and
+//! `storage`, `delta` and `log` know nothing of transactions. `state.rs`,
+//! `isolation.rs` and `api.rs` use only those; the other rooms add methods
+//! to `State`, and to `Engine` for the operations that let go of the lock
+//! part way (an unlocked read, a spilled write, a commit). Checkpoint and
 //! recovery work on a `State` (they import `txn::state` and `txn::api`,
 //! never this facade). This file sits on top: it opens the engine through
 //! recovery and calls the checkpoint, and it is the only module of the
