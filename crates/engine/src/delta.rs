@@ -29,13 +29,20 @@
 //! [`FileDelta::compose`]), and applying a delta twice gives the same
 //! result as applying it once — the property checkpoint replay relies on.
 
-use crate::ids::{Epoch, ObjId};
+use crate::ids::{DataFileId, Epoch, ObjId};
 use crate::storage::{FileKind, Timestamp};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::sync::Arc;
 
 /// No cut: the content below survives up to its own size.
+///
+/// NB: a value, not `Option<u64>`. A cut is an upper bound on the bytes
+/// that survive from below, and cuts compose by `min` (see
+/// [`FileDelta::compose`]); "no cut" is the bound that keeps everything,
+/// the identity of `min`, so every formula above holds for it unchanged.
+/// An `Option` would need its own `min` at each of those places (`None` sorts
+/// first). Journal records and checkpoint plans store it as this value.
 pub const NO_CUT: u64 = u64::MAX;
 
 /// Where the bytes of an extent live.
@@ -47,7 +54,7 @@ pub enum DataLoc {
     /// new file's staged content), at a byte offset. Committed records name
     /// data files instead of carrying those bytes (selective data
     /// journaling, DESIGN §2).
-    File(u64, u64),
+    File(DataFileId, u64),
     /// In the journal of an epoch, at a byte offset.
     Journal(Epoch, u64),
 }
@@ -196,7 +203,7 @@ impl FileDelta {
 
     /// A new file whose whole content is a staged data file of `size`
     /// bytes, byte for byte (holes read as the file's own zeros).
-    pub fn staged(file: u64, size: u64) -> FileDelta {
+    pub fn staged(file: DataFileId, size: u64) -> FileDelta {
         let mut ext = ExtentMap::default();
         ext.insert(0, size, DataLoc::File(file, 0));
         FileDelta { cut: 0, size: SizeDelta::Exactly(size), ext }
@@ -206,7 +213,7 @@ impl FileDelta {
     /// delta's extents, contiguous from offset 0 (a shadow: DESIGN §2a),
     /// and where those extents end. `None` if any byte below that end comes
     /// from elsewhere or from another offset.
-    pub fn shadow_file(&self) -> Option<(u64, u64)> {
+    pub fn shadow_file(&self) -> Option<(DataFileId, u64)> {
         let mut file = None;
         let mut at = 0;
         for (off, e) in self.ext.iter() {

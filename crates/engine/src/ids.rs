@@ -44,6 +44,18 @@ impl fmt::Display for Seq {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Epoch(pub u64);
 
-/// A byte offset in the journal file of one epoch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Lsn(pub u64);
+/// A position in the journal across epochs (log sequence number): the
+/// journal file of `epoch`, `off` bytes in. Ordered by epoch, then offset:
+/// the order records are appended in. Group commit waits for one to be
+/// durable (J4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lsn {
+    pub epoch: Epoch,
+    pub off: u64,
+}
+
+/// A data file, `.txfs/data/<id as 16 hex digits>`: a transaction's spilled
+/// bytes, a new file's staged content or a shadow (DESIGN §2a). Journal
+/// records and checkpoint plans store the bare number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DataFileId(pub u64);

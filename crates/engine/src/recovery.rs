@@ -16,100 +16,32 @@
 //! `Engine::open` then checkpoints, so after recovery the backing tree
 //! holds the committed state as plain files. Every step only reads, or
 //! repeats idempotent work, so a crash during recovery is recovered again.
+//!
+//! Records become a delta again here ([`decode`]); the transaction layer
+//! wrote them (`txn::commit::encode`). Recovery builds the engine's
+//! `State` and runs the checkpoint's own plan executor, so it depends on
+//! `txn::state`, `checkpoint` and `log`, and only the engine facade calls it.
+//! [`check`] is the read-only twin behind `txfs check`.
+//!
+//! Tests: `tests/crash.rs` (`crash_during_recovery_is_recovered_again`,
+//! `journal_damage_is_reported_and_torn_tail_is_cut` for J3,
+//! `first_open_killed_at_every_step`), `tests/journal_recycle.rs`.
 
-use crate::checkpoint::{self, journal_path};
+use crate::checkpoint;
 use crate::delta::{AttrDelta, DataLoc, Delta, FileDelta, NewObj, SizeDelta};
-use crate::engine::{data_path, DataFile};
-use crate::engine::{BaseLoc, Node, Options, State, FIRST_FREE_OBJ, META_DIR, META_OBJ, ORPHANS_OBJ};
 use crate::error::{Error, IoContext, Result};
-use crate::ids::{Epoch, ObjId, Seq};
-use crate::journal::{self, CommitRecord, FileRef, JournalWriter, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj};
+use crate::ids::{DataFileId, Epoch, ObjId, Seq};
+use crate::log::files::{self, data_path, is_missing, journal_path, META_DIR};
+use crate::log::journal::{self, JournalWriter};
+use crate::log::record::{CommitRecord, FileRef, ObjRef};
 use crate::storage::{FileKind, Storage};
+use crate::txn::api::Options;
+use crate::txn::state::State;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::Arc;
-
-/// Encodes a delta as a commit record; returns the record and the extents
-/// whose bytes form its data part, in order. Extents in data files are
-/// named by the record (`files`, synced by the caller), not copied.
-#[allow(clippy::type_complexity)]
-pub(crate) fn encode(st: &State, d: &Delta) -> Result<(CommitRecord, Vec<(ObjId, u64, u64, DataLoc)>)> {
-    let r = |o: ObjId| -> Result<ObjRef> {
-        let n = st.nodes.get(&o).ok_or(Error::Stale(o))?;
-        if n.gone {
-            return Err(Error::Stale(o));
-        }
-        if n.base.is_some() && !st.committed.created.contains_key(&o) && !d.created.contains_key(&o) {
-            let p = st.base_path(o).ok_or(Error::Stale(o))?;
-            Ok(ObjRef::Base(p.into_os_string().into_vec()))
-        } else {
-            Ok(ObjRef::New(o.0))
-        }
-    };
-    let mut rec = CommitRecord::default();
-    let mut created: Vec<_> = d.created.iter().collect();
-    created.sort_by_key(|(o, _)| **o);
-    for (o, n) in created {
-        rec.created.push(RecNew { id: o.0, kind: n.kind, target: n.target.clone().map(|t| t.into_vec()) });
-    }
-    let mut dirs: Vec<_> = d.dirs.iter().collect();
-    dirs.sort_by_key(|(o, _)| **o);
-    for (dir, entries) in dirs {
-        let mut es = Vec::new();
-        for (name, e) in entries {
-            es.push((name.as_bytes().to_vec(), e.map(r).transpose()?));
-        }
-        rec.dirs.push(RecDir { dir: r(*dir)?, entries: es });
-    }
-    let mut extents = Vec::new();
-    let mut data_off = 0u64;
-    let mut objs: Vec<_> = d.objs.iter().collect();
-    objs.sort_by_key(|(o, _)| **o);
-    for (o, od) in objs {
-        if st.nodes.get(o).is_none_or(|n| n.gone) {
-            // Removed and checkpointed since: nothing can observe it.
-            continue;
-        }
-        let a = &od.attr;
-        let attr = RecAttr {
-            mode: a.mode,
-            uid: a.uid,
-            gid: a.gid,
-            atime: a.atime,
-            mtime: a.mtime,
-            ctime: a.ctime,
-            nlink: a.nlink,
-            xattrs: a.xattrs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.clone())).collect(),
-        };
-        let index = rec.objs.len() as u32;
-        let file = od.file.as_ref().map(|f| {
-            let mut ex = Vec::new();
-            for (off, e) in f.ext.iter() {
-                if let DataLoc::File(file, file_off) = e.loc {
-                    rec.files.push(FileRef { obj: index, off, len: e.len, file, file_off });
-                    continue;
-                }
-                ex.push((off, e.len, data_off));
-                extents.push((*o, off, e.len, e.loc.clone()));
-                data_off += e.len;
-            }
-            let (exact, size) = match f.size {
-                SizeDelta::Exactly(s) => (true, s),
-                SizeDelta::AtLeast(s) => (false, s),
-            };
-            RecFile { cut: f.cut, exact, size, extents: ex }
-        });
-        rec.objs.push(RecObj { obj: r(*o)?, attr, file });
-    }
-    // Directory parents are implied by the entries that name them.
-    Ok((rec, extents))
-}
-
-fn is_missing(e: &std::io::Error) -> bool {
-    e.raw_os_error() == Some(libc::ENOENT) || e.kind() == std::io::ErrorKind::NotFound
-}
 
 fn ensure_dir(s: &dyn Storage, p: &Path) -> Result<bool> {
     match s.lstat(p) {
@@ -139,8 +71,8 @@ fn clear_dir(s: &dyn Storage, p: &Path) -> Result<()> {
 /// Removes files that were unlinked while open (none is open after a restart).
 pub(crate) fn clear_orphans(st: &State) -> Result<()> {
     let p = Path::new(META_DIR).join("orphans");
-    clear_dir(&*st.storage, &p)?;
-    st.storage.fsync(&p).ctx("recovery cleanup", || p.display().to_string())
+    clear_dir(&**st.storage(), &p)?;
+    st.storage().fsync(&p).ctx("recovery cleanup", || p.display().to_string())
 }
 
 fn parse_hex(n: &OsStr, prefix: &str, suffix: &str) -> Option<u64> {
@@ -169,7 +101,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     // A spare journal is never trusted after a crash: a rename cut short can
     // leave it a second name of the live journal (journal.rs, "Recycled
     // journals").
-    checkpoint::drop_spare(s)?;
+    files::drop_spare(s)?;
     // 2. Interrupted checkpoint.
     let mut plans: Vec<u64> = Vec::new();
     for (n, _) in s.read_dir(meta).ctx("recovery", || META_DIR.into())? {
@@ -264,7 +196,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         // An older, unkeyed journal with nothing in it: key it before
         // anything is appended (journal.rs, byte layout). One with records
         // is checkpointed by `Engine::open`, and the next journal is keyed.
-        let (f, nonce) = checkpoint::key_empty_journal(s, &jp, epoch, scan.prev_seq)?;
+        let (f, nonce) = files::key_empty_journal(s, &jp, epoch, scan.prev_seq)?;
         jf = f;
         scan.nonce = nonce;
         scan.cut = None;
@@ -279,41 +211,8 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         jf.set_len(scan.valid_end).ctx("journal cut", || jp.display().to_string())?;
         jf.sync_data().ctx("journal cut", || jp.display().to_string())?;
     }
-    let mut st = State {
-        storage: storage.clone(),
-        nodes: HashMap::new(),
-        by_ino: HashMap::new(),
-        committed: Delta::default(),
-        frozen: None,
-        tree_gen: 0,
-        txs: HashMap::new(),
-        ver: Default::default(),
-        next_obj: FIRST_FREE_OBJ,
-        next_tx: 0,
-        seq: scan.prev_seq,
-        journal: JournalWriter { epoch, path: jp.clone(), file: jf.clone(), end: scan.valid_end, nonce: scan.nonce },
-        journal_files: HashMap::from([(epoch, jf.clone())]),
-        data_files: HashMap::new(),
-        next_data: 0,
-        committed_data_bytes: 0,
-        poisoned: None,
-        released_orphans: Vec::new(),
-        spares: Vec::new(),
-        stats: Default::default(),
-        spill_threshold: opts.spill_threshold,
-        stage_threshold: opts.stage_threshold,
-    };
-    let dir = |parent: ObjId, name: &str| Node {
-        kind: FileKind::Dir,
-        base: Some(BaseLoc { parent, name: OsString::from(name) }),
-        alts: Vec::new(),
-        open: 0,
-        gone: false,
-        ino: None,
-    };
-    st.nodes.insert(ObjId::ROOT, dir(ObjId::ROOT, ""));
-    st.nodes.insert(META_OBJ, dir(ObjId::ROOT, META_DIR));
-    st.nodes.insert(ORPHANS_OBJ, dir(META_OBJ, "orphans"));
+    let journal = JournalWriter { epoch, path: jp.clone(), file: jf.clone(), end: scan.valid_end, nonce: scan.nonce };
+    let mut st = State::new(storage.clone(), journal, scan.prev_seq, opts);
     let mut news: HashMap<u64, ObjId> = HashMap::new();
     for r in &scan.records {
         let d = decode(&mut st, &mut news, &r.record, epoch, r.data_start).map_err(|e| Error::Corrupt {
@@ -321,24 +220,22 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
             offset: r.start,
             detail: format!("seq {}: {e}", r.seq.0),
         })?;
-        st.committed.compose(&d);
-        st.seq = r.seq;
+        st.replay(&d, r.seq);
     }
     // 5. Data files nobody names. New ones are numbered past every name
     // seen, so none can meet a leftover.
     let ddir = meta.join("data");
     for (n, _) in s.read_dir(&ddir).ctx("recovery", || ddir.display().to_string())? {
-        let id = parse_hex(&n, "", "");
+        let id = parse_hex(&n, "", "").map(DataFileId);
         if let Some(id) = id {
-            st.next_data = st.next_data.max(id + 1);
+            st.data_id_seen(id);
         }
-        if id.is_none_or(|id| !st.data_files.contains_key(&id)) {
+        if id.is_none_or(|id| st.data_file(id).is_none()) {
             let p = ddir.join(&n);
             s.unlink(&p).ctx("recovery cleanup", || p.display().to_string())?;
         }
     }
-    st.committed_data_bytes = st.data_files.values().map(|d| d.len).sum();
-    tracing::info!(epoch = epoch.0, records = scan.records.len(), seq = st.seq.0, "journal loaded");
+    tracing::info!(epoch = epoch.0, records = scan.records.len(), seq = st.seq().0, "journal loaded");
     Ok(st)
 }
 
@@ -416,7 +313,7 @@ fn decode(
         let o = resolve(st, news, &ro.obj)?;
         open_data_file(st, fr)?;
         let fd = d.obj(o).file.as_mut().expect("checked above");
-        fd.ext.insert(fr.off, fr.len, DataLoc::File(fr.file, fr.file_off));
+        fd.ext.insert(fr.off, fr.len, DataLoc::File(DataFileId(fr.file), fr.file_off));
     }
     Ok(d)
 }
@@ -424,13 +321,16 @@ fn decode(
 /// Opens the data file a record names (synced before the record was
 /// written: missing or short is damage).
 fn open_data_file(st: &mut State, fr: &FileRef) -> Result<()> {
-    let path = data_path(fr.file);
-    if !st.data_files.contains_key(&fr.file) {
-        let len = st.storage.lstat(&path).ctx("recovery", || path.display().to_string())?.size;
-        let epoch = st.journal.epoch;
-        st.data_files.insert(fr.file, DataFile { file: None, owner: None, len, epoch });
-    }
-    let len = st.data_files[&fr.file].len;
+    let id = DataFileId(fr.file);
+    let path = data_path(id);
+    let len = match st.data_file(id) {
+        Some(df) => df.len,
+        None => {
+            let len = st.storage().lstat(&path).ctx("recovery", || path.display().to_string())?.size;
+            st.add_committed_data_file(id, len);
+            len
+        }
+    };
     if fr.file_off + fr.len > len {
         return Err(Error::Poisoned(format!(
             "{} holds {len} bytes, the record names bytes up to {}",
@@ -524,7 +424,7 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
                             std::iter::once(&d.dir).chain(d.entries.iter().filter_map(|(_, e)| e.as_ref()))
                         });
                         for fr in &r.record.files {
-                            let dp = data_path(fr.file);
+                            let dp = data_path(DataFileId(fr.file));
                             let len = s.lstat(&dp).map(|m| m.size).unwrap_or(0);
                             if len < fr.file_off + fr.len {
                                 rep.problems.push(format!(

@@ -58,7 +58,7 @@
 //!
 //! ## Recycled journals
 //! A checkpoint keeps the journal it retires as `.txfs/journal-spare`
-//! (up to `SPARE_MAX` (checkpoint.rs) bytes), and the next epoch's
+//! (up to `SPARE_MAX` (log/files.rs) bytes), and the next epoch's
 //! journal is that file with a new header: its blocks are allocated and
 //! written already, so an `fdatasync` after a record there flushes only
 //! data, for records of any size (the runway only covers small ones). A
@@ -91,20 +91,28 @@
 //! told from a torn write; `txfs check` reports every cut.)
 //!
 //! ## Group commit (invariant J4)
-//! Appends happen under the engine lock; [`SyncState::wait_durable`] runs
-//! outside it. The first waiter becomes the leader and issues one
-//! `fdatasync` covering every record appended before it started; the others
-//! wait on a condition variable. A commit is durable once a sync that
-//! started after its append has returned.
+//! Appends happen under the engine lock; the `fdatasync` that makes them
+//! durable runs outside it, one for many committers: `log/group_commit.rs`.
+//!
+//! ## Tests
+//! J2 and J3: `tests/crash.rs` (`power_cuts_leave_a_durable_prefix`,
+//! `journal_damage_is_reported_and_torn_tail_is_cut`). The runway:
+//! `tests/journal_runway.rs` and the unit tests below. Recycled journals and
+//! the nonce: `tests/journal_recycle.rs`, `tests/review_recycle.rs`,
+//! `tests/review_nonce.rs`.
 
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{Epoch, Seq};
-use crate::storage::{FileKind, StoredFile, Timestamp};
-use parking_lot::{Condvar, Mutex};
-use serde::{Deserialize, Serialize};
+use crate::storage::StoredFile;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+// The record's meta part and group commit have modules of their own; their
+// items stay reachable here, where the journal's users have always found them.
+pub use super::group_commit::SyncState;
+pub use super::record::{
+    CommitRecord, FileRef, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj, REC_VERSION, REC_VERSION_FILES,
+};
 
 /// An older journal's magic: no nonce (0), record header word 44 unused.
 pub const FILE_MAGIC: &[u8; 8] = b"TXFSJNL1";
@@ -113,9 +121,6 @@ pub const FILE_MAGIC_KEYED: &[u8; 8] = b"TXFSJNL2";
 pub const FILE_HEADER_LEN: u64 = 32;
 pub const REC_MAGIC: u32 = 0x524A_5854;
 pub const REC_HEADER_LEN: u64 = 48;
-pub const REC_VERSION: u16 = 1;
-/// A record whose meta is followed by its [`FileRef`]s.
-pub const REC_VERSION_FILES: u16 = 2;
 pub const KIND_COMMIT: u16 = 1;
 /// How a scan's cut reason starts when the journal ends at a whole record of
 /// an earlier epoch (a recycled journal's old bytes, not a torn write).
@@ -127,109 +132,6 @@ pub const RUNWAY: u64 = 2 << 20;
 /// Records larger than this grow the file themselves (a zeroed runway would
 /// double their writes for a saving that is small next to their size).
 const RUNWAY_MAX_RECORD: u64 = 256 << 10;
-
-/// How a journal record names an object.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ObjRef {
-    /// An object of the backing tree as of the last checkpoint, by its path
-    /// there (the backing tree does not change between checkpoints: J1).
-    Base(Vec<u8>),
-    /// An object created since the last checkpoint, by its id in this epoch.
-    New(u64),
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct RecAttr {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub atime: Option<Timestamp>,
-    pub mtime: Option<Timestamp>,
-    pub ctime: Option<Timestamp>,
-    pub nlink: i64,
-    pub xattrs: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RecFile {
-    pub cut: u64,
-    pub exact: bool,
-    pub size: u64,
-    /// (file offset, length, offset in this record's data part)
-    pub extents: Vec<(u64, u64, u64)>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RecObj {
-    pub obj: ObjRef,
-    pub attr: RecAttr,
-    pub file: Option<RecFile>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RecDir {
-    pub dir: ObjRef,
-    pub entries: Vec<(Vec<u8>, Option<ObjRef>)>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RecNew {
-    pub id: u64,
-    pub kind: FileKind,
-    pub target: Option<Vec<u8>>,
-}
-
-/// Bytes of a file extent that live in a data file, not in the record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileRef {
-    /// Index into [`CommitRecord::objs`] (that object's `file` is `Some`).
-    pub obj: u32,
-    pub off: u64,
-    pub len: u64,
-    /// The data file `.txfs/data/<file as 16 hex digits>`, and where in it.
-    pub file: u64,
-    pub file_off: u64,
-}
-
-/// The metadata part of a commit record: a transaction's delta with
-/// objects named by [`ObjRef`].
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct CommitRecord {
-    pub created: Vec<RecNew>,
-    pub dirs: Vec<RecDir>,
-    pub objs: Vec<RecObj>,
-    /// Encoded after the rest, in version-2 records only.
-    #[serde(skip)]
-    pub files: Vec<FileRef>,
-}
-
-impl CommitRecord {
-    /// The record's meta part and its version.
-    pub fn encode(&self) -> std::result::Result<(Vec<u8>, u16), bincode::Error> {
-        let mut meta = bincode::serialize(self)?;
-        if self.files.is_empty() {
-            return Ok((meta, REC_VERSION));
-        }
-        bincode::serialize_into(&mut meta, &self.files)?;
-        Ok((meta, REC_VERSION_FILES))
-    }
-
-    pub fn decode(meta: &[u8], version: u16) -> std::result::Result<CommitRecord, bincode::Error> {
-        let mut r = meta;
-        let mut rec: CommitRecord = bincode::deserialize_from(&mut r)?;
-        if version == REC_VERSION_FILES {
-            rec.files = bincode::deserialize_from(&mut r)?;
-        }
-        Ok(rec)
-    }
-}
-
-/// A position in the journal across epochs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct JPos {
-    pub epoch: Epoch,
-    pub off: u64,
-}
 
 /// A journal file header; `nonce` 0 writes the older, unkeyed format.
 pub fn file_header(epoch: Epoch, prev_seq: Seq, nonce: u32) -> [u8; 32] {
@@ -437,8 +339,8 @@ impl JournalWriter {
 /// A big record's data is pushed toward the device every [`KICK`] bytes
 /// (`StoredFile::start_writeback`) while the rest is still being copied:
 /// otherwise the whole record waits in the page cache for the commit's
-/// `fdatasync` (W3's 10 MiB ordered commits left the last, durable one a
-/// 40 MiB flush: 22–26 ms of a 46–58 ms run; bench/NOTES item 26).
+/// `fdatasync`, and the one durable commit after a run of big ordered ones
+/// pays for flushing all of them at once.
 pub struct DataSink<'a> {
     file: &'a dyn StoredFile,
     /// Where `buf` goes (everything before it is written).
@@ -489,8 +391,7 @@ impl DataSink<'_> {
     /// of its last page. A write that covers only part of a page the page
     /// cache does not hold must read it first: appends into a recycled
     /// journal, or after its pages were evicted, paid a synchronous 4 KiB
-    /// read per commit (ftrace after W8's `drop_caches`: 1045 reads in
-    /// 1000 W9 commits, 244 → 300 µs per commit; bench/NOTES item 31).
+    /// read per commit, a large part of a small durable commit's time.
     /// Past the end there is only the runway, old epochs' bytes or nothing,
     /// and zeros there are a clean end (see "Zeroed runway").
     fn finish(&mut self) -> Result<()> {
@@ -504,92 +405,6 @@ impl DataSink<'_> {
         if self.at - self.kicked >= KICK {
             self.file.start_writeback(self.kicked, self.at - self.kicked);
             self.kicked = self.at;
-        }
-    }
-}
-
-/// Group commit: one `fdatasync` for every commit appended before it began.
-pub struct SyncState {
-    inner: Mutex<SyncInner>,
-    cv: Condvar,
-    /// Highest position appended (updated under the engine lock).
-    pub written: Mutex<JPos>,
-    pub syncs: AtomicU64,
-}
-
-struct SyncInner {
-    synced: JPos,
-    leader: bool,
-    file: Option<Arc<dyn StoredFile>>,
-    epoch: Epoch,
-    failed: Option<String>,
-}
-
-impl SyncState {
-    pub fn new(epoch: Epoch, file: Arc<dyn StoredFile>, end: u64) -> SyncState {
-        let pos = JPos { epoch, off: end };
-        SyncState {
-            inner: Mutex::new(SyncInner { synced: pos, leader: false, file: Some(file), epoch, failed: None }),
-            cv: Condvar::new(),
-            written: Mutex::new(pos),
-            syncs: AtomicU64::new(0),
-        }
-    }
-
-    pub fn synced(&self) -> JPos {
-        self.inner.lock().synced
-    }
-
-    /// Switches to a new epoch's file. Everything of the old epoch must be
-    /// durable already (a checkpoint synced it).
-    pub fn rotate(&self, epoch: Epoch, file: Arc<dyn StoredFile>, end: u64) {
-        let mut g = self.inner.lock();
-        while g.leader {
-            self.cv.wait(&mut g);
-        }
-        let pos = JPos { epoch, off: end };
-        g.synced = pos;
-        g.epoch = epoch;
-        g.file = Some(file);
-        *self.written.lock() = pos;
-        self.cv.notify_all();
-    }
-
-    /// Returns once everything up to `target` is durable.
-    pub fn wait_durable(&self, target: JPos) -> Result<()> {
-        let mut g = self.inner.lock();
-        loop {
-            if let Some(e) = &g.failed {
-                return Err(Error::Poisoned(e.clone()));
-            }
-            if g.synced >= target {
-                return Ok(());
-            }
-            if g.leader {
-                self.cv.wait(&mut g);
-                continue;
-            }
-            g.leader = true;
-            let file = g.file.clone();
-            let epoch = g.epoch;
-            drop(g);
-            let upto = *self.written.lock();
-            let res = match &file {
-                Some(f) if upto.epoch == epoch => f.sync_data(),
-                _ => Ok(()),
-            };
-            self.syncs.fetch_add(1, Ordering::Relaxed);
-            g = self.inner.lock();
-            g.leader = false;
-            match res {
-                Ok(()) => {
-                    if upto > g.synced && upto.epoch == g.epoch {
-                        g.synced = upto;
-                    }
-                }
-                Err(e) => g.failed = Some(format!("journal fdatasync: {e}")),
-            }
-            self.cv.notify_all();
         }
     }
 }

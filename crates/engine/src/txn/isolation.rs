@@ -7,7 +7,14 @@
 //! read an item only while the item's stamp is `<= start` (invariant I2):
 //! the read is then exactly what the item held at `start`. Commit checks the
 //! whole read set again (I3). Stamps older than every live transaction's
-//! start can never fail a check and are dropped ([`Versions::prune`]).
+//! start can never fail a check; all of them are dropped whenever no
+//! transaction is live ([`Versions::prune_all`]).
+//!
+//! Tests: the unit tests below; `tests/isolation.rs`, one test per anomaly
+//! (`dirty_read_is_impossible`, `non_repeatable_read_is_impossible`,
+//! `read_skew_is_impossible`, `lost_update_is_impossible`,
+//! `write_skew_is_impossible`, `phantom_is_impossible`), and
+//! `tests/model.rs` (`interleaved_transactions_are_serializable`).
 
 use crate::ids::{ObjId, Seq};
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -1,0 +1,536 @@
+//! The checkpoint plan: what a checkpoint will do to the backing tree,
+//! computed from the committed delta and persisted before any of it runs.
+//!
+//! [`build`] turns the committed delta into a [`Plan`] of the four phases
+//! (see `checkpoint/mod.rs`) and the node-table updates the engine makes
+//! once the plan's namespace phases ran ([`NodeUpdates`]). Paths in a plan
+//! are bytes relative to the backing root. [`persist`] writes it to
+//! `.txfs/ckpt-<epoch>.plan` (checksummed, synced, renamed into place)
+//! before phase 1, so the tree changes only by executing a persisted plan
+//! (J1) and recovery finishes an interrupted one from its file (J5);
+//! [`load`] reads it back. The plan's bytes are an on-disk format.
+//!
+//! Tests: `tests/crash.rs` (`crash_during_recovery_is_recovered_again`,
+//! `checkpoint_of_a_file_linked_elsewhere_killed_at_every_step`),
+//! `tests/shadow.rs` (`a_replacing_checkpoint_killed_at_every_step`).
+
+use crate::error::{Error, IoContext, Result};
+use crate::ids::{DataFileId, Epoch, ObjId, Seq};
+use crate::log::files::{data_path, META_DIR, SPARES_MAX};
+use crate::log::journal;
+use crate::storage::{FileKind, Storage, Timestamp};
+use crate::txn::state::{BaseLoc, NodeUpdates, State, ORPHANS_OBJ};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum MoveOut {
+    Stage { from: Vec<u8>, stage: Vec<u8> },
+    Unlink { from: Vec<u8> },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Place {
+    Rename {
+        stage: Vec<u8>,
+        to: Vec<u8>,
+    },
+    File {
+        to: Vec<u8>,
+    },
+    Dir {
+        to: Vec<u8>,
+    },
+    Symlink {
+        to: Vec<u8>,
+        target: Vec<u8>,
+    },
+    Link {
+        existing: Vec<u8>,
+        to: Vec<u8>,
+    },
+    /// An existing file whose committed content is all of a data file (its
+    /// shadow, which [`build`] gave the file's owner, mode, xattrs and
+    /// times): the data file, cut to `size`, synced and renamed over it.
+    /// With `keep`, the old inode is linked there first and stays as a
+    /// spare data file.
+    Replace {
+        data: Vec<u8>,
+        to: Vec<u8>,
+        size: u64,
+        keep: Option<Vec<u8>>,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DataOp {
+    pub path: Vec<u8>,
+    pub cut: u64,
+    pub size: u64,
+    /// (file offset, length, offset in the epoch's journal)
+    pub extents: Vec<(u64, u64, u64)>,
+    /// (file offset, length, data file, offset in it)
+    pub files: Vec<(u64, u64, u64, u64)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AttrOp {
+    pub path: Vec<u8>,
+    pub is_symlink: bool,
+    pub mode: Option<u32>,
+    pub owner: Option<(Option<u32>, Option<u32>)>,
+    pub times: Option<(Option<Timestamp>, Option<Timestamp>)>,
+    pub xattrs: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Plan {
+    pub epoch: Epoch,
+    /// Seq of the last commit the plan covers (header of the next journal).
+    pub last_seq: Seq,
+    pub out: Vec<MoveOut>,
+    pub place: Vec<Place>,
+    pub data: Vec<DataOp>,
+    pub attrs: Vec<AttrOp>,
+    pub dead: Vec<Vec<u8>>,
+}
+
+pub(super) fn p(b: &[u8]) -> &Path {
+    Path::new(OsStr::from_bytes(b))
+}
+
+pub(super) fn bytes(p: &Path) -> Vec<u8> {
+    p.as_os_str().as_bytes().to_vec()
+}
+
+pub fn plan_path(e: Epoch) -> PathBuf {
+    Path::new(META_DIR).join(format!("ckpt-{:016x}.plan", e.0))
+}
+
+pub(super) fn marker_path(e: Epoch) -> PathBuf {
+    Path::new(META_DIR).join(format!("ckpt-{:016x}.p1", e.0))
+}
+
+fn stage_path(o: ObjId) -> PathBuf {
+    Path::new(META_DIR).join("stage").join(format!("o{}", o.0))
+}
+
+fn orphan_name(o: ObjId) -> OsString {
+    OsString::from(format!("{}", o.0))
+}
+
+/// Computes the plan for the committed delta.
+pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
+    let d = st.committed().clone();
+    // 1. Which entries change, and what the backing tree holds there.
+    let mut changes: Vec<(ObjId, OsString, Option<ObjId>, Option<ObjId>)> = Vec::new();
+    let mut dirs: Vec<_> = d.dirs.iter().collect();
+    dirs.sort_by_key(|(o, _)| **o);
+    for (dir, entries) in dirs {
+        for (name, now) in entries {
+            let before = if d.created.contains_key(dir) { None } else { st.base_child(*dir, name)? };
+            if before != *now {
+                changes.push((*dir, name.clone(), before, *now));
+            }
+        }
+    }
+    // Final names of objects that gain entries.
+    let mut final_locs: HashMap<ObjId, Vec<(ObjId, OsString)>> = HashMap::new();
+    let mut moved_out: HashSet<ObjId> = HashSet::new();
+    for (dir, name, before, now) in &changes {
+        if let Some(o) = now {
+            final_locs.entry(*o).or_default().push((*dir, name.clone()));
+        }
+        if let Some(b) = before {
+            moved_out.insert(*b);
+        }
+    }
+    for v in final_locs.values_mut() {
+        v.sort();
+    }
+    // Base names that change, and objects that lose a name but keep
+    // another known one (a hard link a lookup met): they stay there.
+    let changed_locs: HashSet<(ObjId, OsString)> =
+        changes.iter().filter(|c| c.2.is_some()).map(|c| (c.0, c.1.clone())).collect();
+    let mut keep_at: HashMap<ObjId, BaseLoc> = HashMap::new();
+    for b in &moved_out {
+        if final_locs.contains_key(b) {
+            continue;
+        }
+        if let Some(n) = st.node(*b) {
+            let remaining = n
+                .base
+                .iter()
+                .chain(n.alts.iter())
+                .find(|l| !changed_locs.contains(&(l.parent, l.name.clone())))
+                .cloned();
+            if let Some(loc) = remaining {
+                keep_at.insert(*b, loc);
+            }
+        }
+    }
+    // Final path of a live object: first new name, else unchanged base name.
+    let final_path = |st: &State, o: ObjId| -> Option<PathBuf> {
+        let mut parts = Vec::new();
+        let mut cur = o;
+        for _ in 0..4096 {
+            if cur == ObjId::ROOT {
+                let mut pb = PathBuf::new();
+                for s in parts.iter().rev() {
+                    pb.push(s);
+                }
+                return Some(pb);
+            }
+            let (parent, name) = match final_locs.get(&cur).and_then(|v| v.first()) {
+                Some((pp, n)) => (*pp, n.clone()),
+                None if keep_at.contains_key(&cur) => {
+                    let l = &keep_at[&cur];
+                    (l.parent, l.name.clone())
+                }
+                None => {
+                    if moved_out.contains(&cur) || d.created.contains_key(&cur) {
+                        return None;
+                    }
+                    let b = st.node(cur)?.base.clone()?;
+                    (b.parent, b.name)
+                }
+            };
+            parts.push(name);
+            cur = parent;
+        }
+        None
+    };
+    let mut plan = Plan {
+        epoch: st.journal().epoch,
+        last_seq: st.seq(),
+        out: Vec::new(),
+        place: Vec::new(),
+        data: Vec::new(),
+        attrs: Vec::new(),
+        dead: Vec::new(),
+    };
+    let mut upd = NodeUpdates {
+        moved: Vec::new(),
+        gone: Vec::new(),
+        new_inos: Vec::new(),
+        in_place: Vec::new(),
+        replaced: Vec::new(),
+        spares: Vec::new(),
+        changed_locs: HashSet::new(),
+    };
+    for (o, loc) in &keep_at {
+        upd.moved.push((*o, loc.clone()));
+    }
+    // Objects that end up nowhere in the tree but must survive: open
+    // objects (orphans) and files still linked under names we never saw.
+    let mut orphan: Vec<ObjId> = Vec::new();
+    // Phase 1.
+    let mut staged: HashSet<ObjId> = HashSet::new();
+    // Contents of these are written through their stage link (phase 3
+    // runs before phase 4 removes it).
+    let mut via_stage: HashSet<ObjId> = HashSet::new();
+    let mut outs: Vec<(usize, MoveOut)> = Vec::new();
+    for (dir, name, before, _) in &changes {
+        let Some(b) = before else { continue };
+        let from = st.base_path(*dir).ok_or(Error::Stale(*dir))?.join(name);
+        let depth = from.components().count();
+        let node = st.node(*b).ok_or(Error::Stale(*b))?;
+        let placed = final_locs.contains_key(b);
+        let open = node.open > 0;
+        if keep_at.contains_key(b) {
+            // Still linked under a name that does not change: drop this one.
+            outs.push((depth, MoveOut::Unlink { from: bytes(&from) }));
+            continue;
+        }
+        // A file still linked under a name the engine never looked up.
+        let linked_elsewhere =
+            node.kind != FileKind::Dir && st.attr_unrecorded(None, *b).map(|a| a.nlink).unwrap_or(0) > 0;
+        if staged.insert(*b) {
+            outs.push((depth, MoveOut::Stage { from: bytes(&from), stage: bytes(&stage_path(*b)) }));
+            if !placed {
+                if open {
+                    orphan.push(*b);
+                } else {
+                    if linked_elsewhere {
+                        via_stage.insert(*b);
+                    }
+                    plan.dead.push(bytes(&stage_path(*b)));
+                    upd.gone.push(*b);
+                }
+            }
+        } else {
+            outs.push((depth, MoveOut::Unlink { from: bytes(&from) }));
+        }
+    }
+    outs.sort_by_key(|o| std::cmp::Reverse(o.0));
+    plan.out = outs.into_iter().map(|(_, m)| m).collect();
+    // New objects that never got a name.
+    let mut created: Vec<_> = d.created.iter().collect();
+    created.sort_by_key(|(o, _)| **o);
+    for (o, n) in &created {
+        if !final_locs.contains_key(o) {
+            let open = st.node(**o).is_some_and(|n| n.open > 0);
+            if open && n.kind == FileKind::File {
+                orphan.push(**o);
+            } else {
+                upd.gone.push(**o);
+            }
+        }
+    }
+    // How many objects have bytes in each data file: one that holds
+    // another object's bytes is never renamed away.
+    let mut users: HashMap<DataFileId, usize> = HashMap::new();
+    for od in d.objs.values() {
+        let ids: HashSet<DataFileId> = od
+            .file
+            .iter()
+            .flat_map(|f| f.ext.iter())
+            .filter_map(|(_, e)| match e.loc {
+                crate::delta::DataLoc::File(id, _) => Some(id),
+                _ => None,
+            })
+            .collect();
+        for id in ids {
+            *users.entry(id).or_default() += 1;
+        }
+    }
+    // New files that are exactly a data file (staged, or the shadow of a
+    // later transaction that rewrote all of it): renamed into place.
+    let mut in_place: HashMap<ObjId, DataFileId> = HashMap::new();
+    for (o, n) in &created {
+        if n.kind != FileKind::File {
+            continue;
+        }
+        let Some(f) = d.objs.get(o).and_then(|od| od.file.as_ref()) else { continue };
+        let size = f.size_after(0);
+        if let (Some((id, end)), 0) = (f.shadow_file(), f.cut) {
+            // Its length is all of it: no other bytes are in it.
+            if end >= size && users.get(&id) == Some(&1) && st.data_file(id).is_some_and(|df| df.len == size) {
+                in_place.insert(**o, id);
+            }
+        }
+    }
+    // Existing files whose committed content is all of their shadow: the
+    // shadow replaces them. Only files that keep their one name (a second
+    // link would keep the old inode's content).
+    let mut replace: HashMap<ObjId, (DataFileId, u64, PathBuf, u64)> = HashMap::new();
+    for (o, od) in &d.objs {
+        if d.created.contains_key(o) || staged.contains(o) || final_locs.contains_key(o) {
+            continue;
+        }
+        let Some((id, end)) = od.file.as_ref().and_then(|f| f.shadow_file()) else { continue };
+        if users.get(&id) != Some(&1) {
+            continue;
+        }
+        let (Some(bp), Some(to)) = (st.base_path(*o), final_path(st, *o)) else { continue };
+        let m = st.storage().lstat(&bp).ctx("checkpoint stat", || bp.display().to_string())?;
+        let size = od.file.as_ref().map_or(0, |f| f.size_after(m.size));
+        if m.kind == FileKind::File && m.nlink == 1 && end >= size && st.storage().privileged() {
+            match prepare_shadow(&**st.storage(), &data_path(id), &bp) {
+                Ok(()) => {
+                    replace.insert(*o, (id, size, to, m.size));
+                }
+                // Copied instead, as before shadows.
+                Err(e) => tracing::debug!("{}: {e}: its shadow is copied, not renamed", bp.display()),
+            }
+        }
+    }
+    let place_new = |o: ObjId, to: &Path| -> Place {
+        match in_place.get(&o) {
+            Some(id) => Place::Rename { stage: bytes(&data_path(*id)), to: bytes(to) },
+            None => Place::File { to: bytes(to) },
+        }
+    };
+    // Phase 2.
+    let mut firsts: Vec<(usize, Place)> = Vec::new();
+    let mut links: Vec<(usize, Place)> = Vec::new();
+    let mut objs: Vec<_> = final_locs.keys().copied().collect();
+    objs.sort();
+    for o in &objs {
+        let locs = &final_locs[o];
+        let keeps_base_name = !d.created.contains_key(o) && !staged.contains(o);
+        let first = if keeps_base_name {
+            // Unchanged base name, gaining links: links are made from it.
+            let b = st.node(*o).and_then(|n| n.base.clone()).ok_or(Error::Stale(*o))?;
+            final_path(st, b.parent).ok_or(Error::Stale(b.parent))?.join(&b.name)
+        } else {
+            final_path(st, *o).ok_or(Error::Stale(*o))?
+        };
+        let depth = first.components().count();
+        if let Some(n) = d.created.get(o) {
+            let pl = match n.kind {
+                FileKind::Dir => Place::Dir { to: bytes(&first) },
+                FileKind::Symlink => {
+                    Place::Symlink { to: bytes(&first), target: n.target.clone().unwrap_or_default().into_vec() }
+                }
+                _ => place_new(*o, &first),
+            };
+            firsts.push((depth, pl));
+            upd.new_inos.push(*o);
+        } else if staged.contains(o) {
+            firsts.push((depth, Place::Rename { stage: bytes(&stage_path(*o)), to: bytes(&first) }));
+        }
+        if !keeps_base_name {
+            upd.moved.push((*o, BaseLoc { parent: locs[0].0, name: locs[0].1.clone() }));
+        }
+        for (dir, name) in locs.iter() {
+            let to = final_path(st, *dir).ok_or(Error::Stale(*dir))?.join(name);
+            if to != first {
+                links.push((to.components().count(), Place::Link { existing: bytes(&first), to: bytes(&to) }));
+            }
+        }
+    }
+    firsts.sort_by_key(|(dpt, _)| *dpt);
+    links.sort_by_key(|(dpt, _)| *dpt);
+    plan.place = firsts.into_iter().chain(links).map(|(_, pl)| pl).collect();
+    for o in &orphan {
+        let to = Path::new(META_DIR).join("orphans").join(orphan_name(*o));
+        if d.created.contains_key(o) {
+            plan.place.push(place_new(*o, &to));
+            upd.new_inos.push(*o);
+        } else {
+            plan.place.push(Place::Rename { stage: bytes(&stage_path(*o)), to: bytes(&to) });
+        }
+        upd.moved.push((*o, BaseLoc { parent: ORPHANS_OBJ, name: orphan_name(*o) }));
+    }
+    let mut replaced: Vec<_> = replace.iter().collect();
+    replaced.sort();
+    // The old inodes stay as spare data files (new shadows overwrite their
+    // allocated blocks: about twice as fast as filling a new file here)
+    // while the spares stay under SPARES_MAX and a quarter of free space.
+    let free = st.storage().free_bytes().ctx("checkpoint", || "statvfs of the backing tree".into())?;
+    let mut kept: u64 = st.spare_bytes();
+    for (_, (id, size, to, old)) in replaced {
+        let keep = kept + old <= SPARES_MAX && free.is_none_or(|f| kept + old <= f / 4) && *old > 0;
+        let keep = keep.then(|| {
+            kept += old;
+            let k = st.new_data_id();
+            upd.spares.push(k);
+            bytes(&data_path(k))
+        });
+        plan.place.push(Place::Replace { data: bytes(&data_path(*id)), to: bytes(to), size: *size, keep });
+    }
+    // Phase 3.
+    let orphan_set: HashSet<ObjId> = orphan.iter().copied().collect();
+    let mut touched: Vec<_> = d.objs.iter().collect();
+    touched.sort_by_key(|(o, _)| **o);
+    for (o, od) in touched {
+        let path = if orphan_set.contains(o) {
+            Path::new(META_DIR).join("orphans").join(orphan_name(*o))
+        } else if via_stage.contains(o) {
+            stage_path(*o)
+        } else {
+            match final_path(st, *o) {
+                Some(pth) => pth,
+                None => continue,
+            }
+        };
+        let kind = st.node_kind(*o)?;
+        if let (Some(f), false) = (&od.file, in_place.contains_key(o) || replace.contains_key(o)) {
+            let base = if d.created.contains_key(o) {
+                0
+            } else {
+                let bp = st.base_path(*o).ok_or(Error::Stale(*o))?;
+                st.storage().lstat(&bp).ctx("checkpoint stat", || bp.display().to_string())?.size
+            };
+            let mut extents = Vec::new();
+            let mut files = Vec::new();
+            for (off, e) in f.ext.iter() {
+                match e.loc {
+                    crate::delta::DataLoc::Journal(ep, joff) if ep == plan.epoch => extents.push((off, e.len, joff)),
+                    crate::delta::DataLoc::File(id, foff) => files.push((off, e.len, id.0, foff)),
+                    _ => {
+                        return Err(Error::Poisoned(format!(
+                            "{o}: committed extent not in the journal of {:?}",
+                            plan.epoch
+                        )))
+                    }
+                }
+            }
+            plan.data.push(DataOp { path: bytes(&path), cut: f.cut, size: f.size_after(base), extents, files });
+        }
+        let a = &od.attr;
+        let op = AttrOp {
+            path: bytes(&path),
+            is_symlink: kind == FileKind::Symlink,
+            mode: a.mode,
+            owner: (a.uid.is_some() || a.gid.is_some()).then_some((a.uid, a.gid)),
+            times: (a.atime.is_some() || a.mtime.is_some() || od.file.is_some()).then_some((a.atime, a.mtime)),
+            xattrs: a.xattrs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.clone())).collect(),
+        };
+        if op.mode.is_some() || op.owner.is_some() || op.times.is_some() || !op.xattrs.is_empty() {
+            plan.attrs.push(op);
+        }
+    }
+    upd.changed_locs = changed_locs;
+    upd.in_place = in_place.into_keys().chain(replace.keys().copied()).collect();
+    upd.replaced = replace.into_keys().collect();
+    Ok((plan, upd))
+}
+
+/// Gives the shadow `data` what the file `to` it replaces has besides its
+/// bytes: owner, mode, exactly its xattrs (a spare's own are removed;
+/// ACLs are xattrs) and times. Done while the plan is built, before it is
+/// persisted: a daemon that may not do this (not root, a file system
+/// without owners or xattrs) copies the file instead of failing a plan it
+/// could never finish. The storage contract's ordered metadata makes these
+/// changes durable no later than the plan.
+pub(super) fn prepare_shadow(s: &dyn Storage, data: &Path, to: &Path) -> std::io::Result<()> {
+    let m = s.lstat(to)?;
+    // chown first: it clears the set-id bits that chmod then restores.
+    s.set_owner(data, m.uid, m.gid)?;
+    s.set_mode(data, m.mode)?;
+    let want = s.list_xattrs(to)?;
+    for name in s.list_xattrs(data)? {
+        if !want.contains(&name) {
+            s.remove_xattr(data, &name)?;
+        }
+    }
+    for name in &want {
+        if let Some(v) = s.get_xattr(to, name)? {
+            s.set_xattr(data, name, &v)?;
+        }
+    }
+    s.set_times(data, m.atime, m.mtime)
+}
+
+/// Persists a plan: write a temp file, fsync, rename, fsync the folder.
+pub(super) fn persist(s: &dyn Storage, plan: &Plan) -> Result<()> {
+    let body = bincode::serialize(plan).map_err(|e| Error::Poisoned(format!("plan encoding: {e}")))?;
+    let mut bytes = Vec::with_capacity(body.len() + 8);
+    bytes.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&body);
+    let final_path = plan_path(plan.epoch);
+    let tmp = final_path.with_extension("tmp");
+    let what = || tmp.display().to_string();
+    let f = s.open_file(&tmp, true).ctx("plan write", what)?;
+    f.set_len(0).ctx("plan write", what)?;
+    f.write_at(0, &bytes).ctx("plan write", what)?;
+    f.sync_data().ctx("plan write", what)?;
+    s.rename(&tmp, &final_path).ctx("plan write", || final_path.display().to_string())?;
+    s.fsync(Path::new(META_DIR)).ctx("plan write", || META_DIR.into())?;
+    Ok(())
+}
+
+/// Reads a persisted plan, verifying its checksum.
+pub fn load(s: &dyn Storage, path: &Path) -> Result<Plan> {
+    let corrupt = |detail: &str| Error::Corrupt { path: path.to_path_buf(), offset: 0, detail: detail.into() };
+    let f = s.open_file(path, false).ctx("plan read", || path.display().to_string())?;
+    let len = f.len().ctx("plan read", || path.display().to_string())?;
+    let mut bytes = vec![0u8; len as usize];
+    journal::read_exact(&*f, 0, &mut bytes).ctx("plan read", || path.display().to_string())?;
+    if bytes.len() < 8 {
+        return Err(corrupt("plan shorter than its header"));
+    }
+    let crc = u32::from_le_bytes(bytes[0..4].try_into().expect("4"));
+    let n = u32::from_le_bytes(bytes[4..8].try_into().expect("4")) as usize;
+    let body = bytes.get(8..8 + n).ok_or_else(|| corrupt("plan truncated"))?;
+    if crc32c::crc32c(body) != crc {
+        return Err(corrupt("plan checksum mismatch"));
+    }
+    bincode::deserialize(body).map_err(|_| corrupt("undecodable plan"))
+}

@@ -1,0 +1,121 @@
+//! The commit record: what one transaction changed, as the journal stores
+//! it (the *meta* part of a record; the record header and the data part are
+//! [`super::journal`]'s).
+//!
+//! A record names objects by [`ObjRef`]: an object of the backing tree by
+//! its path there, which is stable until the next checkpoint (J1), and an
+//! object created since the last checkpoint by its id in this epoch. Record
+//! version 1 is the encoded [`CommitRecord`] alone; version 2 follows it
+//! with the [`FileRef`]s of extents whose bytes are in data files
+//! (selective data journaling, DESIGN §2a). The bytes are the on-disk
+//! format: a journal written by any earlier build must still decode
+//! (`tests/crash.rs` and `tests/journal_recycle.rs` replay journals written
+//! by this build; the encoding itself is pinned by the record layout in
+//! [`super::journal`]).
+//!
+//! This module knows nothing of the engine's state: the transaction layer
+//! builds a record from a delta (`txn::commit`), recovery turns one back
+//! into a delta (`recovery`).
+
+use crate::storage::{FileKind, Timestamp};
+use serde::{Deserialize, Serialize};
+
+pub const REC_VERSION: u16 = 1;
+/// A record whose meta is followed by its [`FileRef`]s.
+pub const REC_VERSION_FILES: u16 = 2;
+
+/// How a journal record names an object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ObjRef {
+    /// An object of the backing tree as of the last checkpoint, by its path
+    /// there (the backing tree does not change between checkpoints: J1).
+    Base(Vec<u8>),
+    /// An object created since the last checkpoint, by its id in this epoch.
+    New(u64),
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RecAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+    pub ctime: Option<Timestamp>,
+    pub nlink: i64,
+    pub xattrs: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecFile {
+    pub cut: u64,
+    pub exact: bool,
+    pub size: u64,
+    /// (file offset, length, offset in this record's data part)
+    pub extents: Vec<(u64, u64, u64)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecObj {
+    pub obj: ObjRef,
+    pub attr: RecAttr,
+    pub file: Option<RecFile>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecDir {
+    pub dir: ObjRef,
+    pub entries: Vec<(Vec<u8>, Option<ObjRef>)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecNew {
+    pub id: u64,
+    pub kind: FileKind,
+    pub target: Option<Vec<u8>>,
+}
+
+/// Bytes of a file extent that live in a data file, not in the record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// Index into [`CommitRecord::objs`] (that object's `file` is `Some`).
+    pub obj: u32,
+    pub off: u64,
+    pub len: u64,
+    /// The data file `.txfs/data/<file as 16 hex digits>`, and where in it.
+    pub file: u64,
+    pub file_off: u64,
+}
+
+/// The metadata part of a commit record: a transaction's delta with
+/// objects named by [`ObjRef`].
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CommitRecord {
+    pub created: Vec<RecNew>,
+    pub dirs: Vec<RecDir>,
+    pub objs: Vec<RecObj>,
+    /// Encoded after the rest, in version-2 records only.
+    #[serde(skip)]
+    pub files: Vec<FileRef>,
+}
+
+impl CommitRecord {
+    /// The record's meta part and its version.
+    pub fn encode(&self) -> std::result::Result<(Vec<u8>, u16), bincode::Error> {
+        let mut meta = bincode::serialize(self)?;
+        if self.files.is_empty() {
+            return Ok((meta, REC_VERSION));
+        }
+        bincode::serialize_into(&mut meta, &self.files)?;
+        Ok((meta, REC_VERSION_FILES))
+    }
+
+    pub fn decode(meta: &[u8], version: u16) -> std::result::Result<CommitRecord, bincode::Error> {
+        let mut r = meta;
+        let mut rec: CommitRecord = bincode::deserialize_from(&mut r)?;
+        if version == REC_VERSION_FILES {
+            rec.files = bincode::deserialize_from(&mut r)?;
+        }
+        Ok(rec)
+    }
+}
