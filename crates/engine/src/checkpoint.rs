@@ -970,7 +970,7 @@ fn keep_as_spare(s: &dyn Storage, jp: &Path) {
 
 /// Persists a plan: write a temp file, fsync, rename, fsync the folder.
 fn persist(s: &dyn Storage, plan: &Plan) -> Result<()> {
-    let body = bincode::serialize(plan).map_err(|e| Error::Poisoned(format!("plan encoding: {e}")))?;
+    let body = crate::codec::encode_plan(plan);
     let mut bytes = Vec::with_capacity(body.len() + 8);
     bytes.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
     bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -1003,7 +1003,7 @@ pub fn load(s: &dyn Storage, path: &Path) -> Result<Plan> {
     if crc32c::crc32c(body) != crc {
         return Err(corrupt("plan checksum mismatch"));
     }
-    bincode::deserialize(body).map_err(|_| corrupt("undecodable plan"))
+    crate::codec::decode_plan(body).ok_or_else(|| corrupt("undecodable plan"))
 }
 
 /// Runs a checkpoint; the caller holds the checkpoint lock (one at a time)

@@ -21,6 +21,7 @@
 //! (J1–J5, I1–I4) that the code cites.
 
 mod checkpoint;
+mod codec;
 pub mod delta;
 mod engine;
 mod error;
