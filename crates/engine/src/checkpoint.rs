@@ -50,20 +50,19 @@ use crate::ids::{Epoch, ObjId, Seq};
 use crate::journal::{self, JournalWriter, SyncState};
 use crate::storage::{FileKind, Storage, StoredFile, Timestamp};
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub enum MoveOut {
     Stage { from: Vec<u8>, stage: Vec<u8> },
     Unlink { from: Vec<u8> },
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub enum Place {
     Rename {
         stage: Vec<u8>,
@@ -96,7 +95,7 @@ pub enum Place {
     },
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct DataOp {
     pub path: Vec<u8>,
     pub cut: u64,
@@ -107,7 +106,7 @@ pub struct DataOp {
     pub files: Vec<(u64, u64, u64, u64)>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct AttrOp {
     pub path: Vec<u8>,
     pub is_symlink: bool,
@@ -117,7 +116,7 @@ pub struct AttrOp {
     pub xattrs: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct Plan {
     pub epoch: Epoch,
     /// Seq of the last commit the plan covers (header of the next journal).

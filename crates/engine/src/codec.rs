@@ -6,32 +6,412 @@
 //! (`tests/fixtures/golden/`), and `tests/journal_compat.rs` opens backing
 //! directories written by every earlier version.
 //!
+//! ## The encoding
+//! ```text
+//!   u32, u64, i64   little-endian, fixed width (4, 8, 8 bytes)
+//!   bool            one byte: 0 or 1
+//!   Option<T>       one byte: 0 (None), or 1 and then T
+//!   Vec<T>          u64 count, then the elements (a byte string: its bytes)
+//!   tuple, struct   the fields in declaration order, nothing between them
+//!   enum            u32 variant index (declaration order), then its fields
+//! ```
+//! No field names, no versions, no padding: a type's fields are its
+//! format, so a field may never be added, removed or reordered, and an
+//! enum may only gain variants at its end. A new format is a new record
+//! version (as version 2 added the file refs after the version-1 body).
+//!
+//! This is exactly what bincode 1.x's `serialize` (fixed-width integers,
+//! little-endian) made of the serde-derived types, which wrote every
+//! journal and plan before this module did; decoding refuses what bincode
+//! refused, with its words (`txfs check` shows them): a body cut short, a
+//! bool, `Option` tag or variant index out of range. Bytes after a whole
+//! value are not read (bincode's `deserialize` allowed them too).
+//!
 //! [`CommitRecord`]: crate::journal::CommitRecord
 //! [`FileRef`]: crate::journal::FileRef
 
-use crate::checkpoint::Plan;
+use crate::checkpoint::{AttrOp, DataOp, MoveOut, Place, Plan};
+use crate::ids::{Epoch, Seq};
+use crate::journal::{CommitRecord, FileRef, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj};
+use crate::storage::{FileKind, Timestamp};
+use std::fmt;
+
+/// Why bytes are not a whole value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The bytes end inside the value (or a count runs past them).
+    Truncated,
+    /// A bool that is neither 0 nor 1.
+    Bool(u8),
+    /// An `Option` tag that is neither 0 nor 1.
+    OptionTag(u8),
+    /// An enum variant index past the type's last variant.
+    Variant { index: u32, variants: u32 },
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // bincode 1.x's words for each, as `txfs check` has shown them.
+        match self {
+            DecodeError::Truncated => write!(f, "io error: failed to fill whole buffer"),
+            DecodeError::Bool(b) => write!(f, "invalid u8 while decoding bool, expected 0 or 1, found {b}"),
+            DecodeError::OptionTag(t) => write!(f, "tag for enum is not valid, found {t}"),
+            DecodeError::Variant { index, variants } => {
+                write!(f, "invalid value: integer `{index}`, expected variant index 0 <= i < {variants}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+type Result<T> = std::result::Result<T, DecodeError>;
+
+/// Bytes being decoded, front first.
+pub(crate) struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader { rest: bytes }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if n > self.rest.len() {
+            return Err(DecodeError::Truncated);
+        }
+        let (head, tail) = self.rest.split_at(n);
+        self.rest = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        Ok(self.take(N)?.try_into().expect("N bytes"))
+    }
+
+    fn count(&mut self) -> Result<usize> {
+        usize::try_from(u64::get(self)?).map_err(|_| DecodeError::Truncated)
+    }
+
+    fn variant(&mut self, variants: u32) -> Result<u32> {
+        let index = u32::get(self)?;
+        if index >= variants {
+            return Err(DecodeError::Variant { index, variants });
+        }
+        Ok(index)
+    }
+}
+
+/// A value with a byte encoding (the module doc's table).
+pub(crate) trait Codec: Sized {
+    fn put(&self, out: &mut Vec<u8>);
+    fn get(r: &mut Reader<'_>) -> Result<Self>;
+
+    /// The elements of a `Vec<Self>`, after its count (one at a time; bytes
+    /// in one copy).
+    fn put_all(items: &[Self], out: &mut Vec<u8>) {
+        for item in items {
+            item.put(out);
+        }
+    }
+
+    fn get_all(n: usize, r: &mut Reader<'_>) -> Result<Vec<Self>> {
+        // A count is not trusted with memory before its elements are read.
+        let mut items = Vec::with_capacity(n.min((1 << 20) / std::mem::size_of::<Self>().max(1)));
+        for _ in 0..n {
+            items.push(Self::get(r)?);
+        }
+        Ok(items)
+    }
+}
+
+/// A whole value's bytes.
+pub(crate) fn encode<T: Codec>(value: &T) -> Vec<u8> {
+    let mut out = Vec::new();
+    value.put(&mut out);
+    out
+}
 
 /// A plan's body (the plan file adds its checksum and length).
 pub(crate) fn encode_plan(plan: &Plan) -> Vec<u8> {
-    bincode::serialize(plan).expect("a plan always encodes")
+    encode(plan)
 }
 
 /// A plan from its body; `None` if the bytes are not a whole plan (bytes
 /// after one are ignored).
 pub(crate) fn decode_plan(body: &[u8]) -> Option<Plan> {
-    bincode::deserialize(body).ok()
+    Plan::get(&mut Reader::new(body)).ok()
 }
+
+impl Codec for u8 {
+    fn put(&self, out: &mut Vec<u8>) {
+        out.push(*self);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        Ok(r.take(1)?[0])
+    }
+    fn put_all(items: &[u8], out: &mut Vec<u8>) {
+        out.extend_from_slice(items);
+    }
+    fn get_all(n: usize, r: &mut Reader<'_>) -> Result<Vec<u8>> {
+        Ok(r.take(n)?.to_vec())
+    }
+}
+
+macro_rules! int {
+    ($($t:ty),*) => {$(
+        impl Codec for $t {
+            fn put(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn get(r: &mut Reader<'_>) -> Result<Self> {
+                Ok(<$t>::from_le_bytes(r.array()?))
+            }
+        }
+    )*};
+}
+int!(u32, u64, i64);
+
+impl Codec for bool {
+    fn put(&self, out: &mut Vec<u8>) {
+        out.push(u8::from(*self));
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        match u8::get(r)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(DecodeError::Bool(b)),
+        }
+    }
+}
+
+impl<T: Codec> Codec for Option<T> {
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            None => out.push(0),
+            Some(v) => {
+                out.push(1);
+                v.put(out);
+            }
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        match u8::get(r)? {
+            0 => Ok(None),
+            1 => Ok(Some(T::get(r)?)),
+            t => Err(DecodeError::OptionTag(t)),
+        }
+    }
+}
+
+impl<T: Codec> Codec for Vec<T> {
+    fn put(&self, out: &mut Vec<u8>) {
+        (self.len() as u64).put(out);
+        T::put_all(self, out);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        let n = r.count()?;
+        T::get_all(n, r)
+    }
+}
+
+macro_rules! tuple {
+    ($($n:tt $t:ident),*) => {
+        impl<$($t: Codec),*> Codec for ($($t,)*) {
+            fn put(&self, out: &mut Vec<u8>) {
+                $( self.$n.put(out); )*
+            }
+            fn get(r: &mut Reader<'_>) -> Result<Self> {
+                Ok(($( $t::get(r)?, )*))
+            }
+        }
+    };
+}
+tuple!(0 A, 1 B);
+tuple!(0 A, 1 B, 2 C);
+tuple!(0 A, 1 B, 2 C, 3 D);
+
+/// A struct: its fields, in this order (the declaration order, which is
+/// the format).
+macro_rules! fields {
+    ($t:ident { $($f:ident),* $(,)? }) => {
+        impl Codec for $t {
+            fn put(&self, out: &mut Vec<u8>) {
+                $( self.$f.put(out); )*
+            }
+            fn get(r: &mut Reader<'_>) -> Result<Self> {
+                Ok($t { $( $f: Codec::get(r)?, )* })
+            }
+        }
+    };
+}
+
+impl Codec for Epoch {
+    fn put(&self, out: &mut Vec<u8>) {
+        self.0.put(out);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        Ok(Epoch(u64::get(r)?))
+    }
+}
+
+impl Codec for Seq {
+    fn put(&self, out: &mut Vec<u8>) {
+        self.0.put(out);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        Ok(Seq(u64::get(r)?))
+    }
+}
+
+fields!(Timestamp { secs, nanos });
+
+impl Codec for FileKind {
+    fn put(&self, out: &mut Vec<u8>) {
+        let index: u32 = match self {
+            FileKind::File => 0,
+            FileKind::Dir => 1,
+            FileKind::Symlink => 2,
+            FileKind::Other => 3,
+        };
+        index.put(out);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        Ok(match r.variant(4)? {
+            0 => FileKind::File,
+            1 => FileKind::Dir,
+            2 => FileKind::Symlink,
+            _ => FileKind::Other,
+        })
+    }
+}
+
+// The record (journal.rs).
+
+impl Codec for ObjRef {
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            ObjRef::Base(path) => {
+                0u32.put(out);
+                path.put(out);
+            }
+            ObjRef::New(id) => {
+                1u32.put(out);
+                id.put(out);
+            }
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        Ok(match r.variant(2)? {
+            0 => ObjRef::Base(Codec::get(r)?),
+            _ => ObjRef::New(Codec::get(r)?),
+        })
+    }
+}
+
+fields!(RecAttr { mode, uid, gid, atime, mtime, ctime, nlink, xattrs });
+fields!(RecFile { cut, exact, size, extents });
+fields!(RecObj { obj, attr, file });
+fields!(RecDir { dir, entries });
+fields!(RecNew { id, kind, target });
+fields!(FileRef { obj, off, len, file, file_off });
+
+/// A record's version-1 body: `files` is not part of it (a version-2
+/// record encodes them after it: [`CommitRecord::encode`]).
+impl Codec for CommitRecord {
+    fn put(&self, out: &mut Vec<u8>) {
+        self.created.put(out);
+        self.dirs.put(out);
+        self.objs.put(out);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        Ok(CommitRecord { created: Codec::get(r)?, dirs: Codec::get(r)?, objs: Codec::get(r)?, files: Vec::new() })
+    }
+}
+
+// The plan (checkpoint.rs).
+
+impl Codec for MoveOut {
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            MoveOut::Stage { from, stage } => {
+                0u32.put(out);
+                from.put(out);
+                stage.put(out);
+            }
+            MoveOut::Unlink { from } => {
+                1u32.put(out);
+                from.put(out);
+            }
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        Ok(match r.variant(2)? {
+            0 => MoveOut::Stage { from: Codec::get(r)?, stage: Codec::get(r)? },
+            _ => MoveOut::Unlink { from: Codec::get(r)? },
+        })
+    }
+}
+
+impl Codec for Place {
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            Place::Rename { stage, to } => {
+                0u32.put(out);
+                stage.put(out);
+                to.put(out);
+            }
+            Place::File { to } => {
+                1u32.put(out);
+                to.put(out);
+            }
+            Place::Dir { to } => {
+                2u32.put(out);
+                to.put(out);
+            }
+            Place::Symlink { to, target } => {
+                3u32.put(out);
+                to.put(out);
+                target.put(out);
+            }
+            Place::Link { existing, to } => {
+                4u32.put(out);
+                existing.put(out);
+                to.put(out);
+            }
+            Place::Replace { data, to, size, keep } => {
+                5u32.put(out);
+                data.put(out);
+                to.put(out);
+                size.put(out);
+                keep.put(out);
+            }
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        Ok(match r.variant(6)? {
+            0 => Place::Rename { stage: Codec::get(r)?, to: Codec::get(r)? },
+            1 => Place::File { to: Codec::get(r)? },
+            2 => Place::Dir { to: Codec::get(r)? },
+            3 => Place::Symlink { to: Codec::get(r)?, target: Codec::get(r)? },
+            4 => Place::Link { existing: Codec::get(r)?, to: Codec::get(r)? },
+            _ => {
+                Place::Replace { data: Codec::get(r)?, to: Codec::get(r)?, size: Codec::get(r)?, keep: Codec::get(r)? }
+            }
+        })
+    }
+}
+
+fields!(DataOp { path, cut, size, extents, files });
+fields!(AttrOp { path, is_symlink, mode, owner, times, xattrs });
+fields!(Plan { epoch, last_seq, out, place, data, attrs, dead });
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{AttrOp, DataOp, MoveOut, Place};
     use crate::delta::NO_CUT;
-    use crate::ids::{Epoch, Seq};
-    use crate::journal::{
-        CommitRecord, FileRef, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj, REC_VERSION, REC_VERSION_FILES,
-    };
-    use crate::storage::{FileKind, Timestamp};
+    use crate::journal::{REC_VERSION, REC_VERSION_FILES};
 
     const RECORD_V1: &[u8] = include_bytes!("../tests/fixtures/golden/record-v1.bin");
     const RECORD_V2: &[u8] = include_bytes!("../tests/fixtures/golden/record-v2.bin");

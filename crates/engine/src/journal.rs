@@ -22,7 +22,7 @@
 //!  40  u32  crc32c of bytes 0..40, then meta, then data, seeded with the nonce
 //!  44  u32  crc32c of bytes 0..40 seeded with !nonce (the header alone;
 //!           TXFSJNL1: reserved, 0)
-//!  48  meta (bincode `CommitRecord`), then data (extent bytes)
+//!  48  meta (`CommitRecord`, encoded as in `codec`), then data (extent bytes)
 //! ```
 //! A record that fits the writer's buffer is written in one `pwrite`; a
 //! bigger one writes its header last. The checksum covers it all, so a
@@ -36,8 +36,8 @@
 //! record from its 48 bytes without reading the length it claims.
 //!
 //! ## Data files (selective data journaling)
-//! A version-2 record's meta is the bincode `CommitRecord` followed by the
-//! bincode `Vec<FileRef>`: extents whose bytes are not in the record but in
+//! A version-2 record's meta is the encoded `CommitRecord` followed by the
+//! encoded `Vec<FileRef>`: extents whose bytes are not in the record but in
 //! data files `.txfs/data/<16 hex digits>` (a large transaction's spilled
 //! data, a new file's staged content). Every data file a record names was
 //! `fdatasync`ed before the record was written, so a record that survives a
@@ -97,11 +97,12 @@
 //! wait on a condition variable. A commit is durable once a sync that
 //! started after its append has returned.
 
+pub use crate::codec::DecodeError;
+use crate::codec::{Codec, Reader};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{Epoch, Seq};
 use crate::storage::{FileKind, StoredFile, Timestamp};
 use parking_lot::{Condvar, Mutex};
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -129,7 +130,7 @@ pub const RUNWAY: u64 = 2 << 20;
 const RUNWAY_MAX_RECORD: u64 = 256 << 10;
 
 /// How a journal record names an object.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ObjRef {
     /// An object of the backing tree as of the last checkpoint, by its path
     /// there (the backing tree does not change between checkpoints: J1).
@@ -138,7 +139,7 @@ pub enum ObjRef {
     New(u64),
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default)]
 pub struct RecAttr {
     pub mode: Option<u32>,
     pub uid: Option<u32>,
@@ -150,7 +151,7 @@ pub struct RecAttr {
     pub xattrs: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct RecFile {
     pub cut: u64,
     pub exact: bool,
@@ -159,20 +160,20 @@ pub struct RecFile {
     pub extents: Vec<(u64, u64, u64)>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct RecObj {
     pub obj: ObjRef,
     pub attr: RecAttr,
     pub file: Option<RecFile>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct RecDir {
     pub dir: ObjRef,
     pub entries: Vec<(Vec<u8>, Option<ObjRef>)>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct RecNew {
     pub id: u64,
     pub kind: FileKind,
@@ -180,7 +181,7 @@ pub struct RecNew {
 }
 
 /// Bytes of a file extent that live in a data file, not in the record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileRef {
     /// Index into [`CommitRecord::objs`] (that object's `file` is `Some`).
     pub obj: u32,
@@ -193,32 +194,34 @@ pub struct FileRef {
 
 /// The metadata part of a commit record: a transaction's delta with
 /// objects named by [`ObjRef`].
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default)]
 pub struct CommitRecord {
     pub created: Vec<RecNew>,
     pub dirs: Vec<RecDir>,
     pub objs: Vec<RecObj>,
     /// Encoded after the rest, in version-2 records only.
-    #[serde(skip)]
     pub files: Vec<FileRef>,
 }
 
 impl CommitRecord {
-    /// The record's meta part and its version.
-    pub fn encode(&self) -> std::result::Result<(Vec<u8>, u16), bincode::Error> {
-        let mut meta = bincode::serialize(self)?;
+    /// The record's meta part and its version (the encoding: `codec`).
+    /// Cannot fail; a `Result` for its callers.
+    pub fn encode(&self) -> std::result::Result<(Vec<u8>, u16), std::convert::Infallible> {
+        let mut meta = Vec::new();
+        self.put(&mut meta);
         if self.files.is_empty() {
             return Ok((meta, REC_VERSION));
         }
-        bincode::serialize_into(&mut meta, &self.files)?;
+        self.files.put(&mut meta);
         Ok((meta, REC_VERSION_FILES))
     }
 
-    pub fn decode(meta: &[u8], version: u16) -> std::result::Result<CommitRecord, bincode::Error> {
-        let mut r = meta;
-        let mut rec: CommitRecord = bincode::deserialize_from(&mut r)?;
+    /// A record from its meta part; bytes after it are ignored.
+    pub fn decode(meta: &[u8], version: u16) -> std::result::Result<CommitRecord, DecodeError> {
+        let mut r = Reader::new(meta);
+        let mut rec = CommitRecord::get(&mut r)?;
         if version == REC_VERSION_FILES {
-            rec.files = bincode::deserialize_from(&mut r)?;
+            rec.files = Codec::get(&mut r)?;
         }
         Ok(rec)
     }
