@@ -16,6 +16,7 @@
 //! | `jnl1-rec2`   | `TXFSJNL1`     | 1 and 2         | staged, spilled | data ops name data files |
 //! | `jnl2-rec2`   | `TXFSJNL2` (nonce) | 1 and 2     | staged, spilled | as `jnl1-rec2` (plus `Place::Replace`, unused here) |
 //! | `jnl1-closed` | `TXFSJNL1`, empty  | -           | -          | -         |
+//! | `jnl1-rec2-recycled`, `jnl2-rec2-recycled` | as above, a recycled file: an earlier epoch's record after the new ones, and a spare | 1 and 2 | as above | - |
 //!
 //! A plan of the first format does not decode today: that fixture pins the
 //! refusal ([`txfsjnl1_version_1_records_with_a_persisted_plan_is_refused`]).
@@ -71,7 +72,8 @@ fn expected() -> BTreeMap<String, Node> {
     t.insert("hardlink.txt".into(), hello);
     t.insert("dir/renamed.txt".into(), file(0o644, b"to be renamed\n", &[]));
     t.insert("link".into(), Node::Symlink { target: "dir/new.txt".into() });
-    t.insert("append.log".into(), file(0o644, b"line 1\nline 2\n", &[]));
+    let log = [&b"line 1\n"[..], &pattern("a", 6000), b"line 2\n"].concat();
+    t.insert("append.log".into(), file(0o644, &log, &[]));
     t.insert("trunc.txt".into(), file(0o644, b"0123", &[]));
     t.insert("patched.bin".into(), file(0o644, &patched, &[]));
     t.insert("big.bin".into(), file(0o644, &pattern("b", 20 << 10), &[]));
@@ -160,8 +162,9 @@ fn opts() -> Options {
 }
 
 /// Recovers a copy of fixture `name` with today's engine, reads the tree
-/// through it, closes it, and checks the plain files left behind.
-fn recovers(name: &str) {
+/// through it, closes it, and checks the plain files left behind. Returns
+/// what `txfs check` said of the copy first.
+fn recovers(name: &str) -> txfs_engine::CheckReport {
     let dir = tempfile::tempdir().expect("tempdir");
     let backing = dir.path().join("backing");
     fs::create_dir(&backing).unwrap();
@@ -209,11 +212,19 @@ fn recovers(name: &str) {
     let engine = Engine::open(Arc::new(RealFs::open(&backing).unwrap()), opts()).expect("reopen");
     engine.close().expect("close again");
     assert_eq!(read_tree(&backing).0, want, "{name}: after a second open");
+    report
+}
+
+/// The one journal `check` found: its whole records and its cut.
+fn journal(report: &txfs_engine::CheckReport) -> (usize, Option<&str>) {
+    assert_eq!(report.journals.len(), 1, "{:?}", report.journals);
+    let j = &report.journals[0];
+    (j.records, j.cut.as_ref().map(|(_, why)| why.as_str()))
 }
 
 #[test]
 fn txfsjnl1_version_1_records() {
-    recovers("jnl1-rec1");
+    assert_eq!(journal(&recovers("jnl1-rec1")), (5, None));
 }
 
 /// A plan of the first format (its data ops have no `files`) does not
@@ -246,42 +257,63 @@ fn txfsjnl1_version_1_records_with_a_persisted_plan_is_refused() {
 
 #[test]
 fn txfsjnl1_version_2_records_and_data_files() {
-    recovers("jnl1-rec2");
+    assert_eq!(journal(&recovers("jnl1-rec2")), (5, None));
 }
 
 #[test]
 fn txfsjnl1_version_2_records_with_a_persisted_plan() {
-    recovers("jnl1-rec2-plan");
+    assert_eq!(journal(&recovers("jnl1-rec2-plan")), (5, None));
 }
 
 /// A cleanly closed backing directory of the first format: plain files and
 /// an empty `TXFSJNL1` journal, which the engine rewrites keyed.
 #[test]
 fn txfsjnl1_closed_cleanly() {
-    recovers("jnl1-closed");
+    assert_eq!(journal(&recovers("jnl1-closed")), (0, None));
+}
+
+/// Checkpointed after transactions 2 and 3: the journal of epoch 3 is
+/// epoch 1's file, the two new records followed by the rest of epoch 1's
+/// bytes, among them a whole record (seq 2) that verifies in an unkeyed
+/// journal. The scan ends after the new records; the old one must not pass
+/// for a later durable record (J3's probe: its seq is not of this epoch),
+/// or the journal would be reported damaged. Epoch 2's file is the spare.
+#[test]
+fn txfsjnl1_recycled_journal() {
+    assert_eq!(journal(&recovers("jnl1-rec2-recycled")), (2, Some("bad record magic")));
 }
 
 #[test]
 fn txfsjnl2_keyed_journal() {
-    recovers("jnl2-rec2");
+    assert_eq!(journal(&recovers("jnl2-rec2")), (5, None));
 }
 
 #[test]
 fn txfsjnl2_keyed_journal_with_a_persisted_plan() {
-    recovers("jnl2-rec2-plan");
+    assert_eq!(journal(&recovers("jnl2-rec2-plan")), (5, None));
 }
 
-/// Every record meta in every fixture decodes, and encodes again to the
-/// very bytes an earlier engine wrote (the codec's golden bytes, in the
-/// wild).
+/// As `jnl1-rec2-recycled`, keyed: epoch 1's record fails this journal's
+/// header check (another nonce).
+#[test]
+fn txfsjnl2_recycled_journal() {
+    assert_eq!(journal(&recovers("jnl2-rec2-recycled")), (2, Some("bad record magic")));
+}
+
+/// Every record meta in every fixture's journals (and spare) decodes, and
+/// encodes again to the very bytes an earlier engine wrote (the codec's
+/// golden bytes, in the wild).
 #[test]
 fn every_fixture_record_encodes_to_its_own_bytes() {
     use txfs_engine::journal::{CommitRecord, FILE_HEADER_LEN, REC_HEADER_LEN, REC_MAGIC};
     let mut seen = [0; 3];
-    for name in ["jnl1-rec1", "jnl1-rec2", "jnl2-rec2"] {
-        let jdir = fixture_dir(name).join("backing/.txfs/journal");
-        for entry in fs::read_dir(jdir).unwrap() {
-            let bytes = fs::read(entry.unwrap().path()).unwrap();
+    for fixture in fs::read_dir(fixture_dir("")).unwrap() {
+        let txfs = fixture.unwrap().path().join("backing/.txfs");
+        let Ok(journals) = fs::read_dir(txfs.join("journal")) else { continue };
+        let mut paths: Vec<PathBuf> = journals.map(|e| e.unwrap().path()).collect();
+        paths.extend(Some(txfs.join("journal-spare")).filter(|p| p.exists()));
+        for path in paths {
+            let bytes = fs::read(&path).unwrap();
             let mut at = FILE_HEADER_LEN as usize;
             let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap());
             while at + REC_HEADER_LEN as usize <= bytes.len() && u32_at(at) == REC_MAGIC {
@@ -289,13 +321,13 @@ fn every_fixture_record_encodes_to_its_own_bytes() {
                 let meta_len = u32_at(at + 24) as usize;
                 let data_len = u64::from_le_bytes(bytes[at + 32..at + 40].try_into().unwrap()) as usize;
                 let meta = &bytes[at + REC_HEADER_LEN as usize..][..meta_len];
-                let rec = CommitRecord::decode(meta, version).unwrap_or_else(|e| panic!("{name} at {at}: {e}"));
+                let rec = CommitRecord::decode(meta, version).unwrap_or_else(|e| panic!("{path:?} at {at}: {e}"));
                 let (again, v) = rec.encode().unwrap();
-                assert_eq!((again.as_slice(), v), (meta, version), "{name}: record at {at}");
+                assert_eq!((again.as_slice(), v), (meta, version), "{path:?}: record at {at}");
                 seen[version as usize] += 1;
                 at += REC_HEADER_LEN as usize + meta_len + data_len;
             }
         }
     }
-    assert_eq!(seen, [0, 11, 4], "records of each version");
+    assert_eq!(seen, [0, 24, 12], "records of each version (fixtures/README.md)");
 }
