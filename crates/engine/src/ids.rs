@@ -1,12 +1,11 @@
 //! Newtypes for every identifier that crosses a module boundary.
 
-use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A file-system object (inode) as the engine knows it. Stable for the
 /// lifetime of an [`Engine`](crate::Engine); the FUSE layer uses it as the
 /// node id. [`ObjId::ROOT`] is the root directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjId(pub u64);
 
 impl ObjId {
@@ -31,7 +30,7 @@ impl fmt::Display for TxId {
 
 /// Commit sequence number: the position of a commit in the total commit
 /// order. `Seq(0)` is "before any commit of this engine".
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Seq(pub u64);
 
 impl fmt::Display for Seq {
@@ -41,7 +40,7 @@ impl fmt::Display for Seq {
 }
 
 /// Journal epoch: one journal file per epoch; a checkpoint ends an epoch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Epoch(pub u64);
 
 /// A position in the journal across epochs (log sequence number): the

@@ -27,6 +27,7 @@
 //! cites; each module's opening essay names the tests that exercise them.
 
 mod checkpoint;
+mod codec;
 pub mod delta;
 mod error;
 mod ids;

@@ -55,7 +55,7 @@
 //! the engine facade. The facade (`txn/mod.rs`) and recovery call it.
 
 mod execute;
-mod plan;
+pub(crate) mod plan;
 mod run;
 
 pub(crate) use execute::{execute, finish};

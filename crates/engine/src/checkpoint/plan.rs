@@ -20,19 +20,18 @@ use crate::log::files::{data_path, META_DIR, SPARES_MAX};
 use crate::log::journal;
 use crate::storage::{FileKind, Storage, Timestamp};
 use crate::txn::state::{BaseLoc, NodeUpdates, State, ORPHANS_OBJ};
-use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub enum MoveOut {
     Stage { from: Vec<u8>, stage: Vec<u8> },
     Unlink { from: Vec<u8> },
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub enum Place {
     Rename {
         stage: Vec<u8>,
@@ -65,7 +64,7 @@ pub enum Place {
     },
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct DataOp {
     pub path: Vec<u8>,
     pub cut: u64,
@@ -76,7 +75,7 @@ pub struct DataOp {
     pub files: Vec<(u64, u64, u64, u64)>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct AttrOp {
     pub path: Vec<u8>,
     pub is_symlink: bool,
@@ -86,7 +85,7 @@ pub struct AttrOp {
     pub xattrs: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct Plan {
     pub epoch: Epoch,
     /// Seq of the last commit the plan covers (header of the next journal).
@@ -499,7 +498,7 @@ pub(super) fn prepare_shadow(s: &dyn Storage, data: &Path, to: &Path) -> std::io
 
 /// Persists a plan: write a temp file, fsync, rename, fsync the folder.
 pub(super) fn persist(s: &dyn Storage, plan: &Plan) -> Result<()> {
-    let body = bincode::serialize(plan).map_err(|e| Error::Poisoned(format!("plan encoding: {e}")))?;
+    let body = crate::codec::encode_plan(plan);
     let mut bytes = Vec::with_capacity(body.len() + 8);
     bytes.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
     bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -532,5 +531,5 @@ pub fn load(s: &dyn Storage, path: &Path) -> Result<Plan> {
     if crc32c::crc32c(body) != crc {
         return Err(corrupt("plan checksum mismatch"));
     }
-    bincode::deserialize(body).map_err(|_| corrupt("undecodable plan"))
+    crate::codec::decode_plan(body).ok_or_else(|| corrupt("undecodable plan"))
 }

@@ -22,7 +22,7 @@
 //!  40  u32  crc32c of bytes 0..40, then meta, then data, seeded with the nonce
 //!  44  u32  crc32c of bytes 0..40 seeded with !nonce (the header alone;
 //!           TXFSJNL1: reserved, 0)
-//!  48  meta (bincode `CommitRecord`), then data (extent bytes)
+//!  48  meta (`CommitRecord`, encoded as in `codec`), then data (extent bytes)
 //! ```
 //! A record that fits the writer's buffer is written in one `pwrite`; a
 //! bigger one writes its header last. The checksum covers it all, so a
@@ -36,8 +36,8 @@
 //! record from its 48 bytes without reading the length it claims.
 //!
 //! ## Data files (selective data journaling)
-//! A version-2 record's meta is the bincode `CommitRecord` followed by the
-//! bincode `Vec<FileRef>`: extents whose bytes are not in the record but in
+//! A version-2 record's meta is the encoded `CommitRecord` followed by the
+//! encoded `Vec<FileRef>`: extents whose bytes are not in the record but in
 //! data files `.txfs/data/<16 hex digits>` (a large transaction's spilled
 //! data, a new file's staged content). Every data file a record names was
 //! `fdatasync`ed before the record was written, so a record that survives a
@@ -101,6 +101,7 @@
 //! the nonce: `tests/journal_recycle.rs`, `tests/review_recycle.rs`,
 //! `tests/review_nonce.rs`.
 
+pub use crate::codec::DecodeError;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{Epoch, Seq};
 use crate::storage::StoredFile;

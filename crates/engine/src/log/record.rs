@@ -17,15 +17,15 @@
 //! builds a record from a delta (`txn::commit`), recovery turns one back
 //! into a delta (`recovery`).
 
+use crate::codec::{Codec, DecodeError, Reader};
 use crate::storage::{FileKind, Timestamp};
-use serde::{Deserialize, Serialize};
 
 pub const REC_VERSION: u16 = 1;
 /// A record whose meta is followed by its [`FileRef`]s.
 pub const REC_VERSION_FILES: u16 = 2;
 
 /// How a journal record names an object.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ObjRef {
     /// An object of the backing tree as of the last checkpoint, by its path
     /// there (the backing tree does not change between checkpoints: J1).
@@ -34,7 +34,7 @@ pub enum ObjRef {
     New(u64),
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default)]
 pub struct RecAttr {
     pub mode: Option<u32>,
     pub uid: Option<u32>,
@@ -46,7 +46,7 @@ pub struct RecAttr {
     pub xattrs: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct RecFile {
     pub cut: u64,
     pub exact: bool,
@@ -55,20 +55,20 @@ pub struct RecFile {
     pub extents: Vec<(u64, u64, u64)>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct RecObj {
     pub obj: ObjRef,
     pub attr: RecAttr,
     pub file: Option<RecFile>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct RecDir {
     pub dir: ObjRef,
     pub entries: Vec<(Vec<u8>, Option<ObjRef>)>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct RecNew {
     pub id: u64,
     pub kind: FileKind,
@@ -76,7 +76,7 @@ pub struct RecNew {
 }
 
 /// Bytes of a file extent that live in a data file, not in the record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileRef {
     /// Index into [`CommitRecord::objs`] (that object's `file` is `Some`).
     pub obj: u32,
@@ -89,32 +89,34 @@ pub struct FileRef {
 
 /// The metadata part of a commit record: a transaction's delta with
 /// objects named by [`ObjRef`].
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default)]
 pub struct CommitRecord {
     pub created: Vec<RecNew>,
     pub dirs: Vec<RecDir>,
     pub objs: Vec<RecObj>,
     /// Encoded after the rest, in version-2 records only.
-    #[serde(skip)]
     pub files: Vec<FileRef>,
 }
 
 impl CommitRecord {
-    /// The record's meta part and its version.
-    pub fn encode(&self) -> std::result::Result<(Vec<u8>, u16), bincode::Error> {
-        let mut meta = bincode::serialize(self)?;
+    /// The record's meta part and its version (the encoding: `codec`).
+    /// Cannot fail; a `Result` for its callers.
+    pub fn encode(&self) -> std::result::Result<(Vec<u8>, u16), std::convert::Infallible> {
+        let mut meta = Vec::new();
+        self.put(&mut meta);
         if self.files.is_empty() {
             return Ok((meta, REC_VERSION));
         }
-        bincode::serialize_into(&mut meta, &self.files)?;
+        self.files.put(&mut meta);
         Ok((meta, REC_VERSION_FILES))
     }
 
-    pub fn decode(meta: &[u8], version: u16) -> std::result::Result<CommitRecord, bincode::Error> {
-        let mut r = meta;
-        let mut rec: CommitRecord = bincode::deserialize_from(&mut r)?;
+    /// A record from its meta part; bytes after it are ignored.
+    pub fn decode(meta: &[u8], version: u16) -> std::result::Result<CommitRecord, DecodeError> {
+        let mut r = Reader::new(meta);
+        let mut rec = CommitRecord::get(&mut r)?;
         if version == REC_VERSION_FILES {
-            rec.files = bincode::deserialize_from(&mut r)?;
+            rec.files = Codec::get(&mut r)?;
         }
         Ok(rec)
     }

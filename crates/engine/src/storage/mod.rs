@@ -45,7 +45,7 @@ pub use mem::MemFs;
 pub use real::RealFs;
 
 /// What kind of object a directory entry or inode is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FileKind {
     File,
     Dir,
@@ -55,7 +55,7 @@ pub enum FileKind {
 }
 
 /// A point in time as the file system stores it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp {
     pub secs: i64,
     pub nanos: u32,
