@@ -17,7 +17,7 @@
 //! the next epoch's journal is a file whose blocks are already written
 //! (journal.rs, "Recycled journals"). It is dropped first whenever space
 //! runs out, and recovery deletes it before anything else. Tests:
-//! `tests/journal_recycle.rs`, `tests/review_recycle.rs`.
+//! `tests/journal_recycle.rs`, `tests/recycled_journal_user_data.rs`.
 
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{DataFileId, Epoch, Seq, TxId};

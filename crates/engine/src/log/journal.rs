@@ -98,8 +98,8 @@
 //! J2 and J3: `tests/crash.rs` (`power_cuts_leave_a_durable_prefix`,
 //! `journal_damage_is_reported_and_torn_tail_is_cut`). The runway:
 //! `tests/journal_runway.rs` and the unit tests below. Recycled journals and
-//! the nonce: `tests/journal_recycle.rs`, `tests/review_recycle.rs`,
-//! `tests/review_nonce.rs`.
+//! the nonce: `tests/journal_recycle.rs`, `tests/recycled_journal_user_data.rs`,
+//! `tests/journal_keying.rs`.
 
 pub use crate::codec::DecodeError;
 use crate::error::{Error, IoContext, Result};
