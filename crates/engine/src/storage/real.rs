@@ -153,7 +153,28 @@ impl RealFs {
 
     /// `openat2` of `rel` (non-empty, validated) beneath the root, through
     /// no symlink; a final symlink is `ELOOP` unless `O_PATH|O_NOFOLLOW`.
+    ///
+    /// A path longer than [`STEP_MAX`] is walked in steps: each step opens
+    /// at most that many bytes of it as a directory (`O_PATH`), beneath the
+    /// directory the previous step opened, with the same resolve flags. So
+    /// no tree is too deep for the backing to reach, whatever `PATH_MAX`
+    /// says: a user who built one through the mount with relative
+    /// `mkdirat` calls gets it checkpointed like any other.
     fn openat2(&self, rel: &[u8], flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
+        let mut dir: Option<OwnedFd> = None;
+        let mut rest = rel;
+        while rest.len() > STEP_MAX {
+            // components are at most 255 bytes, so a '/' is always in reach
+            let cut = rest[..=STEP_MAX].iter().rposition(|&b| b == b'/').ok_or_else(|| err(libc::ENAMETOOLONG))?;
+            let from = dir.as_ref().map_or(self.root_fd(), |d| d.as_raw_fd());
+            dir = Some(Self::openat2_beneath(from, &rest[..cut], libc::O_PATH | libc::O_DIRECTORY, 0)?);
+            rest = &rest[cut + 1..];
+        }
+        Self::openat2_beneath(dir.as_ref().map_or(self.root_fd(), |d| d.as_raw_fd()), rest, flags, mode)
+    }
+
+    /// One `openat2` of `rel` beneath the directory `from`.
+    fn openat2_beneath(from: RawFd, rel: &[u8], flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
         let rel = cstring(rel)?;
         // SAFETY: `open_how` is plain data (and `non_exhaustive` in libc).
         let mut how: libc::open_how = unsafe { std::mem::zeroed() };
@@ -164,13 +185,7 @@ impl RealFs {
         loop {
             // SAFETY: valid pointers and size for the openat2 syscall.
             let fd = unsafe {
-                libc::syscall(
-                    libc::SYS_openat2,
-                    self.root_fd(),
-                    rel.as_ptr(),
-                    &how,
-                    std::mem::size_of::<libc::open_how>(),
-                )
+                libc::syscall(libc::SYS_openat2, from, rel.as_ptr(), &how, std::mem::size_of::<libc::open_how>())
             };
             if fd >= 0 {
                 // SAFETY: the kernel just gave us this fd.
@@ -265,6 +280,10 @@ impl RealFs {
         cstring(&p)
     }
 }
+
+/// The longest relative path one `openat2` is given (`PATH_MAX` is 4096
+/// bytes with the NUL): [`RealFs::openat2`] walks longer ones in steps.
+const STEP_MAX: usize = 2048;
 
 fn join(names: &[&OsStr]) -> Vec<u8> {
     names.iter().map(|n| n.as_bytes()).collect::<Vec<_>>().join(&b'/')
@@ -626,6 +645,40 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fs = RealFs::open(dir.path()).unwrap();
         (dir, fs)
+    }
+
+    /// A tree deeper than `PATH_MAX` (30 levels of 255-byte names, which a
+    /// user builds through the mount with relative `mkdirat`) is reached by
+    /// every call, and a symlink deep in it is still never followed.
+    #[test]
+    fn trees_deeper_than_path_max_are_reached_in_steps() {
+        let (dir, fs) = setup();
+        let mut path = std::path::PathBuf::new();
+        for i in 0..30 {
+            path.push(format!("{i:02}{}", "d".repeat(253)));
+            fs.mkdir(&path, 0o755).unwrap();
+        }
+        assert!(path.as_os_str().len() > 4096 + STEP_MAX);
+        let f = path.join("f");
+        fs.create_file(&f, 0o640).unwrap();
+        fs.write_at(&f, 0, b"deep").unwrap();
+        let mut b = [0u8; 8];
+        assert_eq!(fs.read_at(&f, 0, &mut b).unwrap(), 4);
+        assert_eq!(&b[..4], b"deep");
+        assert_eq!(fs.lstat(&f).unwrap().mode & 0o7777, 0o640);
+        fs.set_xattr(&f, OsStr::new("user.k"), b"v").unwrap();
+        assert_eq!(fs.get_xattr(&f, OsStr::new("user.k")).unwrap(), Some(b"v".to_vec()));
+        fs.rename(&f, &path.join("g")).unwrap();
+        assert_eq!(fs.read_dir(&path).unwrap(), vec![(OsString::from("g"), FileKind::File)]);
+        fs.fsync(&path.join("g")).unwrap();
+        // a symlink in the middle of a long path: refused, not followed
+        let linked = path.parent().unwrap().join("ln");
+        fs.symlink(dir.path().as_os_str(), &linked).unwrap();
+        assert_eq!(errno(fs.create_file(&linked.join("x".repeat(200)).join("y"), 0o644)), libc::ELOOP);
+        assert_eq!(errno(fs.mkdir(&linked.join("y"), 0o755)), libc::ELOOP);
+        fs.unlink(&linked).unwrap();
+        fs.unlink(&path.join("g")).unwrap();
+        fs.rmdir(&path).unwrap();
     }
 
     /// Reads and sizes come from cached descriptors: a file replaced under
