@@ -1,13 +1,13 @@
 //! `txfs`: mount a transactional file system over a backing directory, and
 //! run programs as transactions. See `txfs --help` and SPEC §1.
 
+mod attribution;
 mod busy;
 mod failpoint;
-mod fs;
-mod ioctl;
+mod fuse;
 mod mounts;
 mod run;
-mod txmap;
+mod wire;
 
 use clap::{Parser, Subcommand};
 use std::os::unix::fs::OpenOptionsExt;
@@ -316,7 +316,7 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     if let Some(a) = &armed {
         a.opened();
     }
-    let txfs = fs::TxFs::new(engine.clone(), backing.clone());
+    let txfs = fuse::TxFs::new(engine.clone(), backing.clone());
     let _ = txfs.point.set(point.clone());
     let notifier_slot = txfs.notifier.clone();
     let gate = txfs.gate.clone();
@@ -358,11 +358,11 @@ fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> 
     config.mount_options = mopts;
     config.acl = acl;
     // Threads reading /dev/fuse; over io_uring (below) a single one, for FORGETs.
-    config.n_threads = Some(fs::env_count("TXFS_THREADS", 16));
+    config.n_threads = Some(fuse::env_count("TXFS_THREADS", 16));
     // FUSE over io_uring when the kernel offers it (6.14+, the fuse module's
     // enable_uring parameter): threads per CPU, pinned, so a request and its
     // reply do not wake another CPU (bench/NOTES.md item 25).
-    config.uring_threads = Some(fs::env_count("TXFS_URING_THREADS", 8));
+    config.uring_threads = Some(fuse::env_count("TXFS_URING_THREADS", 8));
     let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
     let _ = notifier_slot.set(session.notifier());
     // Kernel caching while no transaction is live needs FUSE_NOTIFY_INC_EPOCH.
@@ -627,7 +627,7 @@ const STATUS_NAMES: [&str; 8] =
 fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'static str, u64)>, String> {
     let mut buf = [0u8; 64];
     // SAFETY: STATUS writes 64 bytes into buf.
-    let r = unsafe { libc::ioctl(dir.as_raw_fd(), ioctl::STATUS as _, buf.as_mut_ptr()) };
+    let r = unsafe { libc::ioctl(dir.as_raw_fd(), wire::STATUS as _, buf.as_mut_ptr()) };
     if r != 0 {
         return Err(format!("{}: not a txfs mount? ({})", point.display(), std::io::Error::last_os_error()));
     }
@@ -645,7 +645,7 @@ fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'static str, u
     // The kernel cache gate (daemons before it answer ENOTTY: left out).
     let mut cache = [0u8; 32];
     // SAFETY: CACHE writes 32 bytes into cache.
-    if unsafe { libc::ioctl(dir.as_raw_fd(), ioctl::CACHE as _, cache.as_mut_ptr()) } == 0 {
+    if unsafe { libc::ioctl(dir.as_raw_fd(), wire::CACHE as _, cache.as_mut_ptr()) } == 0 {
         let at = |i: usize| u64::from_le_bytes(cache[i * 8..i * 8 + 8].try_into().expect("8"));
         out.push(("kernel_cache_open", at(0)));
         out.push(("cached_replies", at(1)));

@@ -60,6 +60,30 @@ pub fn u64_at(b: &[u8], i: usize) -> u64 {
     b.get(i..i + 8).map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes"))).unwrap_or(0)
 }
 
+/// The layout of a batch WRITE (`TXFS_IOC_BATCH`, clients/c/txfs.h): the
+/// magic, the whole batch's length (so a WRITE the kernel split is refused,
+/// not half applied), then records of (offset u64, length u32, 0 u32, bytes).
+pub const BATCH_MAGIC: &[u8; 8] = b"TXFSBAT1";
+
+/// The writes of a batch WRITE, or `None` if `data` is not exactly one.
+pub fn parse_batch(data: &[u8]) -> Option<Vec<(u64, &[u8])>> {
+    if data.len() < 16 || &data[..8] != BATCH_MAGIC || u64_at(data, 8) != data.len() as u64 {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut at = 16;
+    while at < data.len() {
+        let hdr = data.get(at..at + 16)?;
+        let (off, len) = (u64_at(hdr, 0), u32_at(hdr, 8) as usize);
+        if u32_at(hdr, 12) != 0 || len == 0 || off.checked_add(len as u64).is_none_or(|e| e > i64::MAX as u64) {
+            return None;
+        }
+        out.push((off, data.get(at + 16..at + 16 + len)?));
+        at += 16 + len;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

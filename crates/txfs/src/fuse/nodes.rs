@@ -1,0 +1,170 @@
+//! Kernel node ids: which engine object, and whose view, a node id names.
+//!
+//! A node id below [`PRIVATE_BASE`] is the engine object of the same
+//! number, seen by whoever asks. A transaction knows every existing regular
+//! file it looks up by a *private* node id instead, so the kernel keeps a
+//! separate inode — and page cache — for it that no other process can
+//! reach: page faults there get the transaction's view (SPEC §6). Files it
+//! created keep their shared id (nobody else reaches them), and so do
+//! directories (see [`TxFs::node_id`]).
+//!
+//! [`Private`] maps private ids to (transaction, object) and back; an id
+//! lives while its transaction does or while the kernel still counts a
+//! lookup of it. [`Paged`] names the shared node ids that may have pages in
+//! the kernel, so that a change to any other node is answered at once.
+
+use super::{fattr, TxFs};
+use fuser::{FileAttr, INodeNo, Request};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use txfs_engine::{Attr, FileKind, ObjId, TxId};
+
+/// The node ids of the shared mount that may have pages in the kernel's
+/// page cache. Handles there are `FOPEN_DIRECT_IO`, so a page is only ever
+/// filled by a READ without a lock owner (a mapping's fault) or by a
+/// mapping's write-back; a node is added before that READ touches the
+/// engine, and never removed. A change to any other node has no pages to
+/// drop, so its reply is sent at once instead of after a hand-off to the
+/// invalidation thread (which costs a thread switch per plain write and per
+/// commit). A node added after a commit's check read the committed data.
+#[derive(Default)]
+pub(super) struct Paged(pub(super) Mutex<std::collections::HashSet<u64>>);
+
+impl Paged {
+    pub(super) fn add(&self, ino: u64) {
+        self.0.lock().insert(ino);
+    }
+
+    pub(super) fn keep(&self, mut objs: Vec<ObjId>) -> Vec<ObjId> {
+        let set = self.0.lock();
+        objs.retain(|o| set.contains(&o.0));
+        objs
+    }
+}
+
+pub(super) fn all_ids(private: &Mutex<Private>, objs: Vec<ObjId>) -> Vec<ObjId> {
+    let p = private.lock();
+    let mut out = Vec::with_capacity(objs.len());
+    for o in objs {
+        out.extend(p.of_obj.get(&o).into_iter().flatten().map(|k| ObjId(*k)));
+        out.push(o);
+    }
+    out
+}
+
+/// Node ids from here up are transaction-private (see [`Private`]).
+pub(super) const PRIVATE_BASE: u64 = 1 << 62;
+
+/// Transaction-private node ids: a transaction that changed an existing
+/// file gets its own kernel inode for it, so the pages its mappings fault
+/// in live in a page cache nobody else reaches (SPEC §6).
+#[derive(Default)]
+pub(super) struct Private {
+    pub(super) owner: HashMap<u64, (TxId, ObjId)>,
+    pub(super) by_pair: HashMap<(TxId, ObjId), u64>,
+    pub(super) of_obj: HashMap<ObjId, Vec<u64>>,
+    pub(super) of_tx: HashMap<TxId, Vec<u64>>,
+    /// Lookups of a private id the kernel counts (entry replies) and has
+    /// not forgotten: an id is dropped once its transaction has ended and
+    /// this is zero, so the maps (and `all_ids`) do not grow with every
+    /// transaction the daemon ever served.
+    pub(super) nlookup: HashMap<u64, u64>,
+    pub(super) next: u64,
+}
+
+impl Private {
+    pub(super) fn remove(&mut self, k: u64) {
+        if let Some((t, o)) = self.owner.remove(&k) {
+            self.by_pair.remove(&(t, o));
+            if let Some(v) = self.of_obj.get_mut(&o) {
+                v.retain(|x| *x != k);
+                if v.is_empty() {
+                    self.of_obj.remove(&o);
+                }
+            }
+        }
+        self.nlookup.remove(&k);
+        tracing::trace!(node = k, "private node id dropped");
+    }
+}
+
+impl TxFs {
+    /// The engine object behind a kernel node id.
+    pub(super) fn obj(&self, ino: INodeNo) -> ObjId {
+        if ino.0 >= PRIVATE_BASE {
+            if let Some((_, o)) = self.private.lock().owner.get(&ino.0) {
+                return *o;
+            }
+        }
+        ObjId(ino.0)
+    }
+
+    /// The transaction whose private node `ino` is, if it is one: `Some(None)`
+    /// once that transaction has ended (then everyone's committed view).
+    pub(super) fn private_owner(&self, ino: INodeNo) -> Option<Option<TxId>> {
+        if ino.0 < PRIVATE_BASE {
+            return None;
+        }
+        let t = self.private.lock().owner.get(&ino.0).map(|(t, _)| *t)?;
+        Some(Some(t).filter(|t| self.engine.is_live(*t)))
+    }
+
+    /// The view for a request on node `ino`: a private node's owner, else
+    /// the caller's transaction.
+    pub(super) fn tx_at(&self, req: &Request, ino: INodeNo) -> Option<TxId> {
+        if self.view.is_some() {
+            return self.view;
+        }
+        match self.private_owner(ino) {
+            Some(owner) => owner,
+            None => self.tx(req),
+        }
+    }
+
+    /// The node id `tx` should know `o` by: a transaction knows every
+    /// existing regular file it looks up by a private id, so the pages its
+    /// mappings fault in (its view) stay in a page cache only it reaches.
+    /// Files it created are reachable by nobody else anyway.
+    pub(super) fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> u64 {
+        let Some(t) = tx.filter(|_| self.view.is_none()) else { return o.0 };
+        // Not directories: a lookup answered with another node id than the
+        // kernel's dentry has makes it d_invalidate that dentry, which
+        // unhashes other processes' working directories (getcwd: ENOENT)
+        // and detaches mounts below it. An uncommitted rmdir therefore
+        // kills the shared inode (README "Known limits").
+        if kind != FileKind::File {
+            return o.0;
+        }
+        if let Some(k) = self.private.lock().by_pair.get(&(t, o)) {
+            return *k;
+        }
+        if self.engine.created_by(t, o) {
+            return o.0;
+        }
+        let mut p = self.private.lock();
+        p.next += 1;
+        let k = PRIVATE_BASE + p.next;
+        p.owner.insert(k, (t, o));
+        p.by_pair.insert((t, o), k);
+        p.of_obj.entry(o).or_default().push(k);
+        p.of_tx.entry(t).or_default().push(k);
+        k
+    }
+
+    /// Attributes for an entry reply, under the node id `tx` knows them by.
+    /// Attributes for an entry reply (the kernel counts a lookup of the
+    /// node id it names).
+    pub(super) fn entry_attr(&self, tx: Option<TxId>, a: &Attr) -> FileAttr {
+        let mut f = fattr(a);
+        f.ino = INodeNo(self.node_id(tx, a.obj, a.kind));
+        if f.ino.0 >= PRIVATE_BASE {
+            *self.private.lock().nlookup.entry(f.ino.0).or_default() += 1;
+        }
+        f
+    }
+
+    /// Every node id of these objects: the shared one and private ones.
+    pub(super) fn all_ids(&self, objs: Vec<ObjId>) -> Vec<ObjId> {
+        all_ids(&self.private, objs)
+    }
+}
