@@ -5,4 +5,5 @@
 //! reach the shared mount other than through its view — is read from
 //! /proc and the mount table.
 
+pub mod mountinfo;
 pub mod txmap;

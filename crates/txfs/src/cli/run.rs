@@ -13,7 +13,8 @@
 //! Other processes keep seeing the shared mount. Without the view (not
 //! root, an old daemon) requests are attributed by the process tree.
 
-use crate::{mounts, wire};
+use crate::attribution::mountinfo;
+use crate::wire;
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::AsRawFd;
@@ -136,7 +137,7 @@ impl Drop for View {
 }
 
 pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) -> ExitCode {
-    let point = match mounts::resolve(mount) {
+    let point = match mountinfo::resolve(mount) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("txfs run: {e}");

@@ -112,7 +112,7 @@ pub fn entangled_mounts(point: &Path, id: Ident) -> Vec<String> {
         if f.len() < 5 {
             continue;
         }
-        let at = crate::mounts::unescape(f[4]);
+        let at = crate::attribution::mountinfo::unescape(f[4]);
         let at = Path::new(&at);
         if at == point {
             continue;

@@ -1,0 +1,87 @@
+//! `txfs status`: the mount's counters (TXFS_IOC_STATUS and
+//! TXFS_IOC_CACHE), once, as JSON, or as rates every few seconds.
+
+use super::human;
+use crate::wire;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::time::Duration;
+use txfs_engine::Options;
+
+const STATUS_NAMES: [&str; 8] =
+    ["commits", "aborts", "conflicts", "live_txs", "journal_bytes", "journal_syncs", "checkpoints", "last_seq"];
+
+/// The mount's counters (TXFS_IOC_STATUS), plus what follows from them.
+pub(super) fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'static str, u64)>, String> {
+    let mut buf = [0u8; 64];
+    // SAFETY: STATUS writes 64 bytes into buf.
+    let r = unsafe { libc::ioctl(dir.as_raw_fd(), wire::STATUS as _, buf.as_mut_ptr()) };
+    if r != 0 {
+        return Err(format!("{}: not a txfs mount? ({})", point.display(), std::io::Error::last_os_error()));
+    }
+    let mut out: Vec<(&'static str, u64)> = STATUS_NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (*n, u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8"))))
+        .collect();
+    // The journal file starts with its header; the rest is committed
+    // records that the next checkpoint applies to BACKING (it starts a
+    // new, empty journal file).
+    let journal = out[4].1;
+    out.push(("checkpoint_lag", journal.saturating_sub(txfs_engine::journal::FILE_HEADER_LEN)));
+    out.push(("checkpoint_threshold", Options::default().checkpoint_bytes));
+    // The kernel cache gate (daemons before it answer ENOTTY: left out).
+    let mut cache = [0u8; 32];
+    // SAFETY: CACHE writes 32 bytes into cache.
+    if unsafe { libc::ioctl(dir.as_raw_fd(), wire::CACHE as _, cache.as_mut_ptr()) } == 0 {
+        let at = |i: usize| u64::from_le_bytes(cache[i * 8..i * 8 + 8].try_into().expect("8"));
+        out.push(("kernel_cache_open", at(0)));
+        out.push(("cached_replies", at(1)));
+        out.push(("cache_closes", at(2)));
+        out.push(("lookup_getattr_requests", at(3)));
+    }
+    Ok(out)
+}
+
+pub fn status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), String> {
+    let dir = std::fs::File::open(point).map_err(|e| format!("{}: {e}", point.display()))?;
+    let vals = read_status(&dir, point)?;
+    if json {
+        let obj: serde_json::Map<String, serde_json::Value> =
+            vals.iter().map(|(n, v)| (n.to_string(), serde_json::Value::from(*v))).collect();
+        println!("{}", serde_json::Value::Object(obj));
+    } else if watch.is_none() {
+        println!("{}", point.display());
+        for (n, v) in &vals {
+            let unit = if n.contains("bytes") || n.starts_with("checkpoint_") {
+                format!("  ({})", human(*v))
+            } else {
+                String::new()
+            };
+            println!("  {n:<21}{v}{unit}");
+        }
+    }
+    let Some(every) = watch else { return Ok(()) };
+    let every = Duration::from_secs_f64(every.max(0.05));
+    println!(
+        "{:>10} {:>9} {:>8} {:>9} {:>5} {:>11} {:>11}",
+        "commits/s", "aborts/s", "confl/s", "syncs/s", "live", "ckpt_lag", "checkpoints"
+    );
+    let mut prev = vals;
+    loop {
+        std::thread::sleep(every);
+        let now = read_status(&dir, point)?;
+        let rate = |i: usize| (now[i].1.saturating_sub(prev[i].1)) as f64 / every.as_secs_f64();
+        println!(
+            "{:>10.0} {:>9.0} {:>8.0} {:>9.0} {:>5} {:>11} {:>11}",
+            rate(0),
+            rate(1),
+            rate(2),
+            rate(5),
+            now[3].1,
+            human(now[8].1),
+            now[6].1
+        );
+        prev = now;
+    }
+}
