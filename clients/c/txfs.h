@@ -53,7 +53,10 @@ int txfs_abort(void);
 int txfs_sync(const char *path_in_mount);
 
 /* ---- wire protocol: ioctls on any file or directory of the mount ------ */
-/* FUSE passes only "restricted" ioctls: sizes are encoded in the numbers. */
+/* FUSE passes only "restricted" ioctls: sizes are encoded in the numbers.
+ * The daemon's definition is crates/txfs/src/wire.rs; the test
+ * crates/txfs/tests/wire_headers.rs fails if a number, struct size or field
+ * offset here differs from it. */
 #define TXFS_IOC_MAGIC 0xE7
 
 struct txfs_ioc_flags {
@@ -69,7 +72,7 @@ struct txfs_ioc_run {
     uint32_t pid;   /* root of the tree: it and all its descendants */
     uint32_t op;    /* TXFS_RUN_* */
     uint32_t flags; /* TXFS_COMMIT_ORDERED for TXFS_RUN_COMMIT */
-    uint32_t reserved;
+    uint32_t reserved; /* 0 (`txfs run` passes its view's descriptor here) */
 };
 
 struct txfs_ioc_status {

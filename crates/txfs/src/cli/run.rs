@@ -64,12 +64,8 @@ fn relay_signals_to(pid: Option<libc::pid_t>) {
 }
 
 fn run_ioctl(mount: &std::fs::File, pid: u32, op: u32, flags: u32, devfd: i32) -> std::io::Result<()> {
-    let mut arg = [0u8; 16];
-    arg[0..4].copy_from_slice(&pid.to_le_bytes());
-    arg[4..8].copy_from_slice(&op.to_le_bytes());
-    arg[8..12].copy_from_slice(&flags.to_le_bytes());
-    arg[12..16].copy_from_slice(&devfd.to_le_bytes());
-    // SAFETY: RUN reads 16 bytes from arg.
+    let arg = wire::Run { pid, op, flags, view_fd: devfd as u32 }.encode();
+    // SAFETY: RUN reads its argument's size from arg, which is that long.
     if unsafe { libc::ioctl(mount.as_raw_fd(), wire::RUN as _, arg.as_ptr()) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -178,7 +174,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
         dir.metadata().map(|m| m.dev()).ok()
     };
     let dir_fd = dir.as_raw_fd();
-    let mut state_buf = [0u8; 16];
+    let mut state_buf = [0u8; wire::State::SIZE];
     const NO_PIN: &[u8] = b"txfs run: cannot tell the daemon that the command may reach the shared mount\n";
     for attempt in 0..=retries {
         let view = if want_view { View::open() } else { None };

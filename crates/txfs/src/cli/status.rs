@@ -8,37 +8,44 @@ use std::path::Path;
 use std::time::Duration;
 use txfs_engine::Options;
 
-const STATUS_NAMES: [&str; 8] =
-    ["commits", "aborts", "conflicts", "live_txs", "journal_bytes", "journal_syncs", "checkpoints", "last_seq"];
-
-/// The mount's counters (TXFS_IOC_STATUS), plus what follows from them.
-pub(super) fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'static str, u64)>, String> {
-    let mut buf = [0u8; 64];
-    // SAFETY: STATUS writes 64 bytes into buf.
-    let r = unsafe { libc::ioctl(dir.as_raw_fd(), wire::STATUS as _, buf.as_mut_ptr()) };
-    if r != 0 {
-        return Err(format!("{}: not a txfs mount? ({})", point.display(), std::io::Error::last_os_error()));
+/// An answer of `N` bytes from the mount with ioctl `cmd` through `dir`.
+fn ask<const N: usize>(dir: &std::fs::File, cmd: u32) -> std::io::Result<[u8; N]> {
+    let mut buf = [0u8; N];
+    // SAFETY: `cmd` writes its argument's size, N, into buf.
+    if unsafe { libc::ioctl(dir.as_raw_fd(), cmd as _, buf.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    let mut out: Vec<(&'static str, u64)> = STATUS_NAMES
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (*n, u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8"))))
-        .collect();
+    Ok(buf)
+}
+
+/// The mount's counters (TXFS_IOC_STATUS) under their field names, plus
+/// what follows from them.
+pub(super) fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'static str, u64)>, String> {
+    let buf = ask::<{ wire::Status::SIZE }>(dir, wire::STATUS)
+        .map_err(|e| format!("{}: not a txfs mount? ({e})", point.display()))?;
+    let s = wire::Status::decode(&buf);
+    let mut out: Vec<(&'static str, u64)> = vec![
+        ("commits", s.commits),
+        ("aborts", s.aborts),
+        ("conflicts", s.conflicts),
+        ("live_txs", s.live_txs),
+        ("journal_bytes", s.journal_bytes),
+        ("journal_syncs", s.journal_syncs),
+        ("checkpoints", s.checkpoints),
+        ("last_seq", s.last_seq),
+    ];
     // The journal file starts with its header; the rest is committed
     // records that the next checkpoint applies to BACKING (it starts a
     // new, empty journal file).
-    let journal = out[4].1;
-    out.push(("checkpoint_lag", journal.saturating_sub(txfs_engine::journal::FILE_HEADER_LEN)));
+    out.push(("checkpoint_lag", s.journal_bytes.saturating_sub(txfs_engine::journal::FILE_HEADER_LEN)));
     out.push(("checkpoint_threshold", Options::default().checkpoint_bytes));
     // The kernel cache gate (daemons before it answer ENOTTY: left out).
-    let mut cache = [0u8; 32];
-    // SAFETY: CACHE writes 32 bytes into cache.
-    if unsafe { libc::ioctl(dir.as_raw_fd(), wire::CACHE as _, cache.as_mut_ptr()) } == 0 {
-        let at = |i: usize| u64::from_le_bytes(cache[i * 8..i * 8 + 8].try_into().expect("8"));
-        out.push(("kernel_cache_open", at(0)));
-        out.push(("cached_replies", at(1)));
-        out.push(("cache_closes", at(2)));
-        out.push(("lookup_getattr_requests", at(3)));
+    if let Ok(buf) = ask::<{ wire::Cache::SIZE }>(dir, wire::CACHE) {
+        let c = wire::Cache::decode(&buf);
+        out.push(("kernel_cache_open", c.open));
+        out.push(("cached_replies", c.cached_replies));
+        out.push(("cache_closes", c.closes));
+        out.push(("lookup_getattr_requests", c.attr_requests));
     }
     Ok(out)
 }

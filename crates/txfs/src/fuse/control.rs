@@ -15,13 +15,10 @@ use std::sync::atomic::Ordering;
 use txfs_engine::{Durability, Error, FileKind, ObjId, TxId};
 
 impl TxFs {
-    /// `struct txfs_ioc_state` for thread `tid`.
-    pub(super) fn state_bytes(&self, tid: u32) -> Vec<u8> {
+    /// STATE's answer for thread `tid`.
+    fn state(&self, tid: u32) -> wire::State {
         let (tx, depth) = self.state_of(tid);
-        let mut out = vec![0u8; 16];
-        out[0..8].copy_from_slice(&tx.map_or(0, |t| t.0).to_le_bytes());
-        out[8..12].copy_from_slice(&depth.to_le_bytes());
-        out
+        wire::State { tx: tx.map_or(0, |t| t.0), depth, reserved: 0 }
     }
 
     /// Runs one ioctl; returns the reply data and the files whose cached
@@ -44,7 +41,7 @@ impl TxFs {
                 // ended, and the transaction it was in (a `txfs run` tree's
                 // or view's too, which it joins at depth 1 without owning).
                 let before = (cmd != wire::BEGIN).then(|| {
-                    let ask = wire::u64_at(data, 16);
+                    let ask = wire::BeginState::decode(data).last_tx;
                     let last = self.txs.outcome(tid, (ask != 0).then_some(TxId(ask)));
                     (last, self.view.or(self.state_of(tid).0))
                 });
@@ -57,41 +54,42 @@ impl TxFs {
                     tracing::debug!(tid, %tx, "begin");
                 }
                 let Some((last, prior)) = before else { return Ok((Vec::new(), Vec::new())) };
-                // struct txfs_ioc_begin_state: the state (as STATE), last_committed, last_tx, prior_tx.
-                let mut out = self.state_bytes(tid);
-                out.resize(32, 0);
-                if let Some(p) = prior {
-                    out[24..32].copy_from_slice(&p.0.to_le_bytes());
+                let state = self.state(tid);
+                let (last_tx, committed) = last.map_or((0, false), |(tx, c)| (tx.0, c));
+                let bs = wire::BeginState {
+                    tx: state.tx,
+                    depth: state.depth,
+                    last_committed: u32::from(committed),
+                    last_tx,
+                    prior_tx: prior.map_or(0, |p| p.0),
+                };
+                if cmd != wire::BEGIN_FILE {
+                    return Ok((bs.encode(), Vec::new()));
                 }
-                if let Some((tx, committed)) = last {
-                    out[12..16].copy_from_slice(&u32::from(committed).to_le_bytes());
-                    out[16..24].copy_from_slice(&tx.0.to_le_bytes());
-                }
-                if cmd == wire::BEGIN_FILE {
-                    // struct txfs_ioc_begin_file: then size, bytes 24..40 and
-                    // whether they are there (a regular file at least 40
-                    // bytes long, read without error). Read in the new
-                    // transaction, so both are in its read set, exactly as
-                    // the GETATTR and READ they replace would be.
-                    out.resize(64, 0);
-                    let tx = self.tx(req);
-                    let o = self.obj(ino);
-                    if let Ok(a) = self.engine.getattr(tx, o) {
-                        if a.kind == FileKind::File && a.size >= 40 {
-                            if let Ok(head) = self.engine.read(tx, o, 24, 16) {
-                                if head.len() == 16 {
-                                    out[32..40].copy_from_slice(&a.size.to_le_bytes());
-                                    out[40..56].copy_from_slice(&head);
-                                    out[56..60].copy_from_slice(&1u32.to_le_bytes());
-                                }
+                // Then the file's size, bytes 24..40 and whether they are
+                // there (a regular file at least 40 bytes long, read without
+                // error). Read in the new transaction, so both are in its
+                // read set, exactly as the GETATTR and READ they replace
+                // would be.
+                let mut bf = wire::BeginFile { bs, ..wire::BeginFile::default() };
+                let tx = self.tx(req);
+                let o = self.obj(ino);
+                if let Ok(a) = self.engine.getattr(tx, o) {
+                    if a.kind == FileKind::File && a.size >= 40 {
+                        if let Ok(head) = self.engine.read(tx, o, 24, 16) {
+                            if let Ok(head) = <[u8; 16]>::try_from(&head[..]) {
+                                bf.size = a.size;
+                                bf.head = head;
+                                bf.file_valid = 1;
                             }
                         }
                     }
                 }
-                Ok((out, Vec::new()))
+                Ok((bf.encode(), Vec::new()))
             }
             wire::COMMIT | wire::COMMIT_IF => {
-                let flags = wire::u32_at(data, 0);
+                let arg = wire::CommitIf::decode(data);
+                let flags = arg.flags;
                 let durability =
                     if flags & wire::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
                 match self.txs.thread(tid) {
@@ -99,7 +97,7 @@ impl TxFs {
                     None => return Err(Errno::from_i32(libc::EINVAL)),
                     // Not the transaction the caller's level lived in (it
                     // ended, and another began): leave it alone.
-                    Some((tx, _, _)) if cmd == wire::COMMIT_IF && tx.0 != wire::u64_at(data, 8) => {
+                    Some((tx, _, _)) if cmd == wire::COMMIT_IF && tx.0 != arg.tx => {
                         return Err(Errno::from_i32(libc::ESTALE))
                     }
                     Some(_) => {}
@@ -133,9 +131,7 @@ impl TxFs {
             },
             wire::SYNC => e(self.engine.sync()).map(|_| (Vec::new(), Vec::new())),
             wire::RUN => {
-                let pid = wire::u32_at(data, 0);
-                let op = wire::u32_at(data, 4);
-                let flags = wire::u32_at(data, 8);
+                let wire::Run { pid, op, flags, view_fd } = wire::Run::decode(data);
                 let caller = txmap::process_of(tid).ok_or(Errno::from_i32(libc::ESRCH))?;
                 match op {
                     wire::RUN_BEGIN => {
@@ -176,7 +172,7 @@ impl TxFs {
                             tracing::info!(pid, %tx, "the kernel stops caching while this run lives: {why}");
                         }
                         if with_view {
-                            let devfd = wire::u32_at(data, 12) as i32;
+                            let devfd = view_fd as i32;
                             if let Err(e) = self.serve_view(caller, devfd, tx) {
                                 tracing::warn!(pid, %tx, "cannot serve a transaction view: {e}");
                                 self.txs.remove_tree(pid);
@@ -229,27 +225,24 @@ impl TxFs {
             }
             wire::STATUS => {
                 let s = self.engine.stats();
-                let mut out = Vec::with_capacity(64);
-                for v in [
-                    s.commits,
-                    s.aborts,
-                    s.conflicts,
-                    s.live_txs,
-                    s.journal_bytes,
-                    s.journal_syncs,
-                    s.checkpoints,
-                    s.last_seq,
-                ] {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
-                Ok((out, Vec::new()))
+                let status = wire::Status {
+                    commits: s.commits,
+                    aborts: s.aborts,
+                    conflicts: s.conflicts,
+                    live_txs: s.live_txs,
+                    journal_bytes: s.journal_bytes,
+                    journal_syncs: s.journal_syncs,
+                    checkpoints: s.checkpoints,
+                    last_seq: s.last_seq,
+                };
+                Ok((status.encode(), Vec::new()))
             }
             wire::CACHE => {
-                let [open, cached, closes] = self.shared_gate.as_ref().unwrap_or(&self.gate).counters();
-                let asked = self.attr_requests.load(Ordering::Relaxed);
-                Ok(([open, cached, closes, asked].iter().flat_map(|v| v.to_le_bytes()).collect(), Vec::new()))
+                let [open, cached_replies, closes] = self.shared_gate.as_ref().unwrap_or(&self.gate).counters();
+                let attr_requests = self.attr_requests.load(Ordering::Relaxed);
+                Ok((wire::Cache { open, cached_replies, closes, attr_requests }.encode(), Vec::new()))
             }
-            wire::STATE => Ok((self.state_bytes(tid), Vec::new())),
+            wire::STATE => Ok((self.state(tid).encode(), Vec::new())),
             _ => Err(Errno::from_i32(libc::ENOTTY)),
         }
     }

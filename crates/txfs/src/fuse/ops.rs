@@ -22,7 +22,7 @@ use txfs_engine::{FileKind, SetAttr};
 
 impl Filesystem for TxFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_write(wire::BATCH_MAX);
         // mmap of direct-I/O files (module docs); kernels before 6.6 refuse
         // shared mappings instead.
         if config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err() {
