@@ -8,7 +8,7 @@
 //! (a commit's changes).
 
 use super::{errno, TxFs};
-use crate::attribution::txmap;
+use crate::attribution::procfs;
 use crate::wire;
 use fuser::{Errno, INodeNo, Request};
 use std::sync::atomic::Ordering;
@@ -132,11 +132,11 @@ impl TxFs {
             wire::SYNC => e(self.engine.sync()).map(|_| (Vec::new(), Vec::new())),
             wire::RUN => {
                 let wire::Run { pid, op, flags, view_fd } = wire::Run::decode(data);
-                let caller = txmap::process_of(tid).ok_or(Errno::from_i32(libc::ESRCH))?;
+                let caller = procfs::process_of(tid).ok_or(Errno::from_i32(libc::ESRCH))?;
                 match op {
                     wire::RUN_BEGIN => {
                         // Only the parent may make a process tree a transaction.
-                        if txmap::parent_of(pid) != Some(caller) {
+                        if procfs::parent_of(pid) != Some(caller) {
                             return Err(Errno::from_i32(libc::EPERM));
                         }
                         if self.txs.tree(pid).is_some() {
@@ -146,7 +146,7 @@ impl TxFs {
                             // `txfs run` inside `txfs run`: the view is already one transaction.
                             return Err(Errno::from_i32(libc::EBUSY));
                         }
-                        let Some(starts) = txmap::tree_starts(pid, caller) else {
+                        let Some(starts) = procfs::tree_starts(pid, caller) else {
                             tracing::warn!(pid, caller, "cannot read the start times of a process tree in /proc");
                             return Err(Errno::from_i32(libc::EAGAIN));
                         };

@@ -15,7 +15,7 @@
 
 use super::cache_gate::{inc_epoch, CacheGate};
 use super::{env_count, TxFs};
-use crate::attribution::txmap;
+use crate::attribution::procfs;
 use fuser::INodeNo;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -145,7 +145,7 @@ impl TxFs {
 
     /// How process `pid` (a `txfs run` child about to exec, its view
     /// mounted) could reach this mount other than by requests: `None` if it
-    /// cannot (see [`txmap::way_into`]), else why it can.
+    /// cannot (see [`procfs::way_into`]), else why it can.
     pub(super) fn way_in(&self, pid: u32) -> Option<String> {
         let Some(point) = self.point.get() else { return Some("mount point unknown".into()) };
         // Read once (the first run), from what the daemon's own mount table
@@ -153,12 +153,12 @@ impl TxFs {
         // over its mount point since.
         let dev = match self.dev.get() {
             Some(d) => *d,
-            None => match txmap::dev_of_source(&format!("txfs:{}", self.backing.display())) {
+            None => match procfs::dev_of_source(&format!("txfs:{}", self.backing.display())) {
                 Ok(d) => *self.dev.get_or_init(|| d),
                 Err(e) => return Some(format!("/proc/self/mountinfo: {e}")),
             },
         };
-        txmap::way_into(pid, dev, point)
+        procfs::way_into(pid, dev, point)
     }
 
     /// A change by `tx` through this (shared) mount: if `tx` is a `txfs run`
