@@ -16,6 +16,7 @@
 use super::{fattr, TxFs};
 use fuser::{FileAttr, INodeNo, Request};
 use parking_lot::Mutex;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use txfs_engine::{Attr, FileKind, ObjId, TxId};
 
@@ -73,6 +74,26 @@ pub(super) struct Private {
 }
 
 impl Private {
+    /// The private id `t` knows `o` by, made on first use. The check and
+    /// the insert are one step under the caller's lock, so threads of one
+    /// transaction looking the same file up at once get one id, never two
+    /// (two would give the file two kernel inodes, and two page caches, in
+    /// one view).
+    pub(super) fn id_for(&mut self, t: TxId, o: ObjId) -> u64 {
+        match self.by_pair.entry((t, o)) {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
+                self.next += 1;
+                let k = PRIVATE_BASE + self.next;
+                e.insert(k);
+                self.owner.insert(k, (t, o));
+                self.of_obj.entry(o).or_default().push(k);
+                self.of_tx.entry(t).or_default().push(k);
+                k
+            }
+        }
+    }
+
     pub(super) fn remove(&mut self, k: u64) {
         if let Some((t, o)) = self.owner.remove(&k) {
             self.by_pair.remove(&(t, o));
@@ -141,14 +162,9 @@ impl TxFs {
         if self.engine.created_by(t, o) {
             return o.0;
         }
-        let mut p = self.private.lock();
-        p.next += 1;
-        let k = PRIVATE_BASE + p.next;
-        p.owner.insert(k, (t, o));
-        p.by_pair.insert((t, o), k);
-        p.of_obj.entry(o).or_default().push(k);
-        p.of_tx.entry(t).or_default().push(k);
-        k
+        // Looked up again under the lock that inserts: another thread of
+        // `t` may have made the id since the look above.
+        self.private.lock().id_for(t, o)
     }
 
     /// Attributes for an entry reply, under the node id `tx` knows them by.
@@ -166,5 +182,33 @@ impl TxFs {
     /// Every node id of these objects: the shared one and private ones.
     pub(super) fn all_ids(&self, objs: Vec<ObjId>) -> Vec<ObjId> {
         all_ids(&self.private, objs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two lookups of one file by one transaction — as two threads racing
+    /// through `node_id` both reach `id_for` — make one id, known once in
+    /// every index; another transaction gets its own, and removing an id
+    /// drops it everywhere.
+    #[test]
+    fn one_private_id_per_transaction_and_file() {
+        let mut p = Private::default();
+        let (t, u, o) = (TxId(1), TxId(2), ObjId(10));
+        let k = p.id_for(t, o);
+        assert!(k >= PRIVATE_BASE);
+        assert_eq!(p.id_for(t, o), k);
+        assert_eq!(p.of_obj[&o], vec![k]);
+        assert_eq!(p.of_tx[&t], vec![k]);
+        assert_eq!(p.owner.len(), 1);
+        let k2 = p.id_for(u, o);
+        assert_ne!(k2, k);
+        assert_eq!(p.of_obj[&o], vec![k, k2]);
+        p.remove(k);
+        assert!(!p.by_pair.contains_key(&(t, o)) && !p.owner.contains_key(&k));
+        assert_eq!(p.of_obj[&o], vec![k2]);
+        assert_ne!(p.id_for(t, o), k, "a removed id is never handed out again");
     }
 }
