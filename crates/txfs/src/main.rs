@@ -3,6 +3,8 @@
 
 mod attribution;
 mod cli;
+mod config;
+#[cfg(any(feature = "testing", debug_assertions))]
 mod failpoint;
 mod fuse;
 mod wire;

@@ -4,7 +4,8 @@
 
 use super::{init_logs, lock_backing};
 use crate::attribution::mountinfo;
-use crate::{failpoint, fuse};
+use crate::config::Config;
+use crate::fuse;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,16 +40,26 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     let lock = lock_backing(&backing)?;
     std::fs::write(backing.join(".txfs/daemon.pid"), format!("{}\n", std::process::id()))
         .map_err(|e| format!("pid file: {e}"))?;
+    let knobs = Arc::new(Config::from_env());
     let storage = RealFs::open(&backing).map_err(|e| format!("{}: {e}", backing.display()))?;
-    let (storage, armed) = failpoint::wrap(Arc::new(storage))?;
+    #[cfg(any(feature = "testing", debug_assertions))]
+    let (storage, armed) = crate::failpoint::wrap(Arc::new(storage))?;
+    #[cfg(not(any(feature = "testing", debug_assertions)))]
+    let storage: Arc<dyn txfs_engine::storage::Storage> = {
+        if std::env::var_os("TXFS_FAILPOINT").is_some() {
+            return Err("TXFS_FAILPOINT needs a debug build or one with the `testing` feature".into());
+        }
+        Arc::new(storage)
+    };
     let engine = Arc::new(
-        Engine::open(storage, failpoint::tune(Options::default()))
+        Engine::open(storage, knobs.engine_options(Options::default()))
             .map_err(|e| format!("{}: {e}", backing.display()))?,
     );
+    #[cfg(any(feature = "testing", debug_assertions))]
     if let Some(a) = &armed {
         a.opened();
     }
-    let txfs = fuse::TxFs::new(engine.clone(), backing.clone());
+    let txfs = fuse::TxFs::new(engine.clone(), backing.clone(), knobs.clone());
     let _ = txfs.point.set(point.clone());
     let notifier_slot = txfs.notifier.clone();
     let gate = txfs.gate.clone();
@@ -90,11 +101,11 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     config.mount_options = mopts;
     config.acl = acl;
     // Threads reading /dev/fuse; over io_uring (below) a single one, for FORGETs.
-    config.n_threads = Some(fuse::env_count("TXFS_THREADS", 16));
+    config.n_threads = Some(knobs.mount_threads());
     // FUSE over io_uring when the kernel offers it (6.14+, the fuse module's
     // enable_uring parameter): threads per CPU, pinned, so a request and its
     // reply do not wake another CPU (bench/NOTES.md item 25).
-    config.uring_threads = Some(fuse::env_count("TXFS_URING_THREADS", 8));
+    config.uring_threads = Some(knobs.mount_uring_threads());
     let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
     let _ = notifier_slot.set(session.notifier());
     // Kernel caching while no transaction is live needs FUSE_NOTIFY_INC_EPOCH.

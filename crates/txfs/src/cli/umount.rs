@@ -155,6 +155,7 @@ fn detach_if_only_kept(point: &Path, id: busy::Ident, c: &std::ffi::CStr) -> Res
         )]);
     }
     // For tests/umount.rs only: a window in which others get hold of it.
+    #[cfg(any(feature = "testing", debug_assertions))]
     if let Some(ms) = std::env::var("TXFS_TEST_UMOUNT_PAUSE_MS").ok().and_then(|v| v.parse().ok()) {
         std::thread::sleep(Duration::from_millis(ms));
     }

@@ -154,7 +154,7 @@ impl TxFs {
                         // Only for root: a view is served without the daemon
                         // checking permissions (the kernel does, by the mount's
                         // default_permissions, which only root's mount guarantees).
-                        let views_allowed = std::env::var_os("TXFS_NO_VIEWS").is_none_or(|v| v != "1");
+                        let views_allowed = self.config.views;
                         let with_view = flags & wire::RUN_VIEW != 0 && req.uid() == 0 && views_allowed;
                         // A tree that reaches this mount only through its view
                         // (or by requests, which pin the gate) leaves it open.

@@ -68,6 +68,7 @@ use nodes::{all_ids, Paged, Private, PRIVATE_BASE};
 use views::{ViewLink, Views};
 
 use crate::attribution::txmap::TxMap;
+use crate::config::Config;
 use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, INodeNo, Request, TimeOrNow};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -121,6 +122,8 @@ pub struct TxFs {
     dev: std::sync::OnceLock<u64>,
     /// In a view: the shared mount's gate (what `txfs status` reports).
     shared_gate: Option<Arc<CacheGate>>,
+    /// The daemon's knobs, read once at its start.
+    config: Arc<Config>,
 }
 
 /// An open directory's transaction (of the opener) and its listing, taken at
@@ -249,7 +252,7 @@ fn fattr(a: &Attr) -> FileAttr {
 }
 
 impl TxFs {
-    pub fn new(engine: Arc<Engine>, backing: PathBuf) -> TxFs {
+    pub fn new(engine: Arc<Engine>, backing: PathBuf, config: Arc<Config>) -> TxFs {
         let notifier = Arc::new(std::sync::OnceLock::new());
         let (tx, rx) = std::sync::mpsc::channel();
         let n = notifier.clone();
@@ -294,6 +297,7 @@ impl TxFs {
             attr_requests: AtomicU64::new(0),
             dev: std::sync::OnceLock::new(),
             shared_gate: None,
+            config,
         }
     }
 
@@ -423,10 +427,4 @@ impl TxFs {
         }
         Ok((fh, fopen))
     }
-}
-
-/// A count from the environment (`TXFS_THREADS`, `TXFS_URING_THREADS`), or
-/// `default` when unset or not a number.
-pub(crate) fn env_count(key: &str, default: usize) -> usize {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

@@ -14,7 +14,7 @@
 //! view leaves the shared mount's cache gate open ([`TxFs::way_in`]).
 
 use super::cache_gate::{inc_epoch, CacheGate};
-use super::{env_count, TxFs};
+use super::TxFs;
 use crate::attribution::procfs;
 use fuser::INodeNo;
 use parking_lot::Mutex;
@@ -84,6 +84,7 @@ impl TxFs {
             attr_requests: AtomicU64::new(0),
             dev: std::sync::OnceLock::new(),
             shared_gate: Some(self.gate.clone()),
+            config: self.config.clone(),
         }
     }
 
@@ -125,7 +126,7 @@ impl TxFs {
         // shared mount's knob) keeps views on /dev/fuse too. A view never
         // answers late (it has no invalidation thread), so its queues need
         // no pump and no mount point.
-        config.uring_threads = Some(env_count("TXFS_URING_THREADS", 2).min(2));
+        config.uring_threads = Some(self.config.view_uring_threads());
         let dev2 = dev.try_clone()?;
         let view = self.new_view(tx);
         let gate = view.gate.clone();
