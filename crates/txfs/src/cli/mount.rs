@@ -109,10 +109,7 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
     let _ = notifier_slot.set(session.notifier());
     // Kernel caching while no transaction is live needs FUSE_NOTIFY_INC_EPOCH.
-    let caching = {
-        use std::os::fd::AsFd;
-        session.as_fd().try_clone_to_owned().is_ok_and(|dev| gate.enable(dev))
-    };
+    let caching = gate.enable(session.notifier());
     if caching {
         tracing::info!("kernel caches entries and attributes while no transaction is live");
     } else {

@@ -43,9 +43,9 @@ pub struct CacheGate {
     /// Node ids answered with a nonzero attribute TTL since the gate opened
     /// (in a view: every node id it handed out).
     pub(super) cached: Mutex<std::collections::HashSet<u64>>,
-    /// A duplicate of the session's `/dev/fuse` descriptor, set when the
-    /// kernel accepted `FUSE_NOTIFY_INC_EPOCH`; without it the gate stays shut.
-    dev: std::sync::OnceLock<std::os::fd::OwnedFd>,
+    /// The session's notifier, set when the kernel accepted
+    /// `FUSE_NOTIFY_INC_EPOCH`; without it the gate stays shut.
+    epoch: std::sync::OnceLock<fuser::Notifier>,
     /// Held from closing the gate until the transaction exists, and by a
     /// reopen: no reopen between a close and its transaction. The
     /// invalidations run under it, not under `state`, so replies (which
@@ -68,9 +68,6 @@ pub struct CacheGate {
     closes: AtomicU64,
 }
 
-/// `FUSE_NOTIFY_INC_EPOCH` (kernel 6.16+, include/uapi/linux/fuse.h).
-pub(super) const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
-
 impl CacheGate {
     /// The gate of a transaction view: always open, remembering every node
     /// id it hands out (for [`super::views::ViewLink`]'s end).
@@ -78,13 +75,13 @@ impl CacheGate {
         CacheGate { view: true, ..CacheGate::default() }
     }
 
-    /// Probes `dev` (the session's `/dev/fuse`) for `FUSE_NOTIFY_INC_EPOCH`
-    /// and opens the gate if the kernel has it.
-    pub fn enable(&self, dev: std::os::fd::OwnedFd) -> bool {
-        if inc_epoch(&dev).is_err() {
+    /// Probes the session of `notifier` for `FUSE_NOTIFY_INC_EPOCH` (kernel
+    /// 6.16+) and opens the gate if the kernel has it.
+    pub fn enable(&self, notifier: fuser::Notifier) -> bool {
+        if notifier.inc_epoch().is_err() {
             return false;
         }
-        let _ = self.dev.set(dev);
+        let _ = self.epoch.set(notifier);
         self.state.write().0 = true;
         true
     }
@@ -195,8 +192,8 @@ impl CacheGate {
             return;
         }
         self.closes.fetch_add(1, Ordering::Relaxed);
-        if let Some(dev) = self.dev.get() {
-            if let Err(e) = inc_epoch(dev) {
+        if let Some(epoch) = self.epoch.get() {
+            if let Err(e) = epoch.inc_epoch() {
                 tracing::error!("FUSE_NOTIFY_INC_EPOCH failed ({e}): no more kernel caching on this mount");
                 self.broken.store(true, Ordering::SeqCst);
             }
@@ -212,7 +209,7 @@ impl CacheGate {
 
     /// Reopens the gate if every live transaction leaves it open.
     pub(super) fn reopen(&self, engine: &Engine) {
-        if self.dev.get().is_none() || self.broken.load(Ordering::SeqCst) {
+        if self.epoch.get().is_none() || self.broken.load(Ordering::SeqCst) {
             return;
         }
         let _closing = self.closing.lock();
@@ -225,18 +222,4 @@ impl CacheGate {
             *g = (true, g.1 + 1);
         }
     }
-}
-
-pub(super) fn inc_epoch(dev: &std::os::fd::OwnedFd) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // struct fuse_out_header { len: u32, error: i32 (the notify code), unique: u64 = 0 }
-    let mut hdr = [0u8; 16];
-    hdr[0..4].copy_from_slice(&16u32.to_ne_bytes());
-    hdr[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
-    // SAFETY: writes 16 bytes from a live buffer to an open descriptor.
-    let n = unsafe { libc::write(dev.as_raw_fd(), hdr.as_ptr().cast(), hdr.len()) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }

@@ -13,7 +13,7 @@
 //! A run whose process tree cannot reach the shared mount but through its
 //! view leaves the shared mount's cache gate open ([`TxFs::way_in`]).
 
-use super::cache_gate::{inc_epoch, CacheGate};
+use super::cache_gate::CacheGate;
 use super::TxFs;
 use crate::attribution::procfs;
 use fuser::INodeNo;
@@ -27,8 +27,6 @@ use txfs_engine::{ObjId, TxId};
 /// drop what the view's kernel caches.
 pub struct ViewLink {
     notifier: fuser::Notifier,
-    /// A duplicate of the view's `/dev/fuse` descriptor (for the epoch).
-    dev: std::os::fd::OwnedFd,
     /// The view's gate: every node id it handed out.
     gate: Arc<CacheGate>,
 }
@@ -41,7 +39,7 @@ impl ViewLink {
     /// what it cached. `o`: drop that file's pages and attributes; always
     /// bump the view's epoch (names may have changed).
     pub(super) fn changed(&self, o: Option<ObjId>) {
-        let _ = inc_epoch(&self.dev);
+        let _ = self.notifier.inc_epoch();
         if let Some(o) = o {
             let _ = self.notifier.inval_inode(INodeNo(o.0), 0, 0);
         }
@@ -52,7 +50,7 @@ impl ViewLink {
     /// Requests reaching the daemon then fail.
     pub(super) fn end(self) {
         let _ = std::thread::Builder::new().name("txfs-view-end".into()).spawn(move || {
-            let _ = inc_epoch(&self.dev);
+            let _ = self.notifier.inc_epoch();
             for ino in std::mem::take(&mut *self.gate.cached.lock()) {
                 let _ = self.notifier.inval_inode(INodeNo(ino), 0, 0);
             }
@@ -127,12 +125,11 @@ impl TxFs {
         // answers late (it has no invalidation thread), so its queues need
         // no pump and no mount point.
         config.uring_threads = Some(self.config.view_uring_threads());
-        let dev2 = dev.try_clone()?;
         let view = self.new_view(tx);
         let gate = view.gate.clone();
         let session = fuser::Session::from_fd(view, dev, fuser::SessionACL::All, config)?;
         let uring = session.io_uring();
-        self.views.lock().insert(tx, ViewLink { notifier: session.notifier(), dev: dev2, gate });
+        self.views.lock().insert(tx, ViewLink { notifier: session.notifier(), gate });
         std::thread::Builder::new().name(format!("txfs-view-{}", tx.0)).spawn(move || {
             // Ends when the last process of the command's namespace is gone.
             if let Err(e) = session.run() {
