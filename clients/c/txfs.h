@@ -89,8 +89,8 @@ struct txfs_ioc_state {
 
 /* TXFS_IOC_BEGIN_STATE: a begin answered with the calling thread's state
  * after it, and how one of the thread's recent transactions of its own (one
- * it began, not one it joined) ended. Daemons before 2026-11-24 answer
- * ENOTTY. */
+ * it began, not one it joined) ended. A daemon older than this ioctl
+ * answers ENOTTY. */
 struct txfs_ioc_begin_state {
     uint64_t tx;             /* out: the transaction now */
     uint32_t depth;          /* out: nesting depth now */
@@ -105,7 +105,7 @@ struct txfs_ioc_begin_state {
  * answering what the new transaction sees of that file — its size and bytes
  * 24..40 (SQLite's file change counter), both in the transaction's read set
  * as if read — so a SQLite transaction's first two requests need no round
- * trip. Daemons before 2026-11-24 (evening) answer ENOTTY. */
+ * trip. A daemon older than this ioctl answers ENOTTY. */
 struct txfs_ioc_begin_file {
     struct txfs_ioc_begin_state bs; /* in/out: as TXFS_IOC_BEGIN_STATE */
     uint64_t size;                  /* out: the file's size */
@@ -133,7 +133,7 @@ struct txfs_ioc_commit_if {
  * a transaction (else EINVAL: it could not be atomic), whose writes the
  * records become, in order; a batch that fails part-way (ENOSPC) may leave
  * its first records in the transaction: abort it. Not in a `txfs run` view
- * (EINVAL). Daemons before 2026-11-24 answer ENOTTY. */
+ * (EINVAL). A daemon older than this ioctl answers ENOTTY. */
 #define TXFS_BATCH_MAGIC "TXFSBAT1"
 #define TXFS_BATCH_MAX (1u << 20)
 

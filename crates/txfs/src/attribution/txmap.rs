@@ -39,9 +39,9 @@ pub enum Start {
     /// Read from /proc by the reaper.
     Known(u64),
     /// Not read yet; the boot-time tick of the begin. A begin does not read
-    /// /proc on its reply path: the ~8 µs it took moved the client to the
-    /// other CPU, whose wake-up its next request then paid (bench/NOTES.md
-    /// 33). The reaper reads it, and a thread that started after the begin's
+    /// /proc on its reply path: the ~8 µs it took was long enough for the
+    /// scheduler to move the waiting client to the other CPU, whose wake-up
+    /// its next request then paid. The reaper reads it, and a thread that started after the begin's
     /// tick is not the thread that began.
     Pending(u64),
 }

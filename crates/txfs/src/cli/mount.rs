@@ -104,7 +104,8 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     config.n_threads = Some(knobs.mount_threads());
     // FUSE over io_uring when the kernel offers it (6.14+, the fuse module's
     // enable_uring parameter): threads per CPU, pinned, so a request and its
-    // reply do not wake another CPU (bench/NOTES.md item 25).
+    // reply do not wake another CPU (on the machines measured, a round trip
+    // takes half as long as over /dev/fuse).
     config.uring_threads = Some(knobs.mount_uring_threads());
     let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
     let _ = notifier_slot.set(session.notifier());

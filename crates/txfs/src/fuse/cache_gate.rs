@@ -184,8 +184,8 @@ impl CacheGate {
     /// Every cacheable reply names its node in `cached`, so when that is
     /// empty nothing was cached since the gate opened (what was, before the
     /// last close, that close's epoch already voids): nothing to drop. A
-    /// thread committing one transaction after another (W9) then saves the
-    /// epoch write, and the kernel keeps nothing it would re-look up.
+    /// thread committing one small transaction after another then saves
+    /// the epoch write, and the kernel keeps nothing it would re-look up.
     pub(super) fn invalidate(&self, notifier: Option<&fuser::Notifier>) {
         let cached = std::mem::take(&mut *self.cached.lock());
         if cached.is_empty() {

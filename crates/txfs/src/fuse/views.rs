@@ -118,9 +118,9 @@ impl TxFs {
         config.n_threads = Some(2);
         config.acl = fuser::SessionACL::All;
         // Over io_uring when the kernel offers it, as the shared mount: a
-        // view's round trip is then ~25 µs shorter (`git add -A` of 20 000
-        // empty files under `txfs run`: 95 → 34 µs per file, bench/NOTES.md
-        // item 35). Two ring threads per CPU; `TXFS_URING_THREADS=0` (the
+        // view's round trip is then ~25 µs shorter, which a command making
+        // one request per file (`git add -A` of many small files) pays
+        // thousands of times. Two ring threads per CPU; `TXFS_URING_THREADS=0` (the
         // shared mount's knob) keeps views on /dev/fuse too. A view never
         // answers late (it has no invalidation thread), so its queues need
         // no pump and no mount point.
