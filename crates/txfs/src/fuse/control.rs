@@ -43,9 +43,9 @@ impl TxFs {
                 let before = (cmd != wire::BEGIN).then(|| {
                     let ask = wire::BeginState::decode(data).last_tx;
                     let last = self.txs.outcome(tid, (ask != 0).then_some(TxId(ask)));
-                    (last, self.view.or(self.state_of(tid).0))
+                    (last, self.view().or(self.state_of(tid).0))
                 });
-                if let Some(view) = self.view {
+                if let Some(view) = self.view() {
                     // Nests into the view's transaction, whoever asks.
                     self.txs.join(tid, view);
                 } else {
@@ -142,7 +142,7 @@ impl TxFs {
                         if self.txs.tree(pid).is_some() {
                             return Err(Errno::from_i32(libc::EEXIST));
                         }
-                        if self.view.is_some() {
+                        if self.view().is_some() {
                             // `txfs run` inside `txfs run`: the view is already one transaction.
                             return Err(Errno::from_i32(libc::EBUSY));
                         }
@@ -184,7 +184,7 @@ impl TxFs {
                         tracing::info!(pid, %tx, "process tree transaction begins");
                         Ok((Vec::new(), Vec::new()))
                     }
-                    wire::RUN_COMMIT | wire::RUN_ABORT if self.view.is_some() => Err(Errno::from_i32(libc::EBUSY)),
+                    wire::RUN_COMMIT | wire::RUN_ABORT if self.view().is_some() => Err(Errno::from_i32(libc::EBUSY)),
                     wire::RUN_COMMIT | wire::RUN_ABORT => {
                         let (tx, owner) = self.txs.tree(pid).ok_or(Errno::from_i32(libc::ENOENT))?;
                         if owner != caller {
@@ -238,7 +238,7 @@ impl TxFs {
                 Ok((status.encode(), Vec::new()))
             }
             wire::CACHE => {
-                let [open, cached_replies, closes] = self.shared_gate.as_ref().unwrap_or(&self.gate).counters();
+                let [open, cached_replies, closes] = self.shared_gate().counters();
                 let attr_requests = self.attr_requests.load(Ordering::Relaxed);
                 Ok((wire::Cache { open, cached_replies, closes, attr_requests }.encode(), Vec::new()))
             }

@@ -90,8 +90,20 @@ struct Handle {
     batch: bool,
 }
 
-/// One FUSE session's file system: the shared mount, or (`view` set) a
-/// `txfs run` transaction view of it. Both serve the same engine.
+/// Which session a [`TxFs`] serves.
+enum Role {
+    /// The mount everyone shares: a request is its caller's transaction's,
+    /// or a private node's owner's, or plain.
+    Shared,
+    /// The transaction view of a `txfs run` (its own FUSE connection,
+    /// mounted over the mount point in the command's mount namespace):
+    /// every request on it is `tx`'s, whoever sends it. `shared_gate` is
+    /// the shared mount's cache gate.
+    View { tx: TxId, shared_gate: Arc<CacheGate> },
+}
+
+/// One FUSE session's file system: the shared mount, or a `txfs run`
+/// transaction view of it ([`Role`]). Both serve the same engine.
 pub struct TxFs {
     pub engine: Arc<Engine>,
     pub txs: Arc<TxMap>,
@@ -106,10 +118,8 @@ pub struct TxFs {
     private: Arc<Mutex<Private>>,
     /// Kernel caching while no transaction is live.
     pub gate: Arc<CacheGate>,
-    /// `Some(tx)`: this is the transaction view of a `txfs run` (its own
-    /// FUSE connection, mounted over the mount point in the command's mount
-    /// namespace): every request on it is `tx`'s, whoever sends it.
-    view: Option<TxId>,
+    /// The shared mount, or a `txfs run` transaction view.
+    role: Role,
     /// The transaction views this (shared) mount serves.
     views: Views,
     /// Node ids whose pages the kernel may cache (see [`Paged`]).
@@ -120,8 +130,6 @@ pub struct TxFs {
     attr_requests: AtomicU64,
     /// This mount's device (`way_in`).
     dev: std::sync::OnceLock<u64>,
-    /// In a view: the shared mount's gate (what `txfs status` reports).
-    shared_gate: Option<Arc<CacheGate>>,
     /// The daemon's knobs, read once at its start.
     config: Arc<Config>,
 }
@@ -290,33 +298,45 @@ impl TxFs {
             invalidator: Mutex::new(tx),
             private,
             gate,
-            view: None,
+            role: Role::Shared,
             views,
             paged,
             point: std::sync::OnceLock::new(),
             attr_requests: AtomicU64::new(0),
             dev: std::sync::OnceLock::new(),
-            shared_gate: None,
             config,
         }
     }
 
-    /// Ends `tx` (see [`end_tx`]) on the gate of [`TxFs::end_gate`].
-    fn end_tx(&self, tx: TxId, commit: Option<Durability>) -> (Result<(), Error>, Vec<ObjId>) {
-        end_tx(&self.engine, &self.private, self.end_gate(), self.notifier.get(), &self.views, tx, commit)
+    /// In a transaction view, its transaction: every request on it is
+    /// that transaction's, whoever sends it.
+    fn view(&self) -> Option<TxId> {
+        match &self.role {
+            Role::Shared => None,
+            Role::View { tx, .. } => Some(*tx),
+        }
     }
 
-    /// The gate a transaction ended here leaves: the shared mount's, also
-    /// in a view (a process of the run that begins and aborts through its
-    /// view ends the run's transaction).
-    fn end_gate(&self) -> &CacheGate {
-        self.shared_gate.as_deref().unwrap_or(&self.gate)
+    /// Ends `tx` (see [`end_tx`]) on the gate of [`TxFs::shared_gate`].
+    fn end_tx(&self, tx: TxId, commit: Option<Durability>) -> (Result<(), Error>, Vec<ObjId>) {
+        end_tx(&self.engine, &self.private, self.shared_gate(), self.notifier.get(), &self.views, tx, commit)
+    }
+
+    /// The shared mount's gate, also in a view: the gate a transaction
+    /// ended here leaves (a process of the run that begins and aborts
+    /// through its view ends the run's transaction), and the one `txfs
+    /// status` reports.
+    fn shared_gate(&self) -> &CacheGate {
+        match &self.role {
+            Role::Shared => &self.gate,
+            Role::View { shared_gate, .. } => shared_gate,
+        }
     }
 
     /// Sends `reply` once the cached pages of `objs` are gone (on the
     /// invalidation thread; see the module docs).
     fn after(&self, objs: Vec<ObjId>, reply: impl FnOnce() + Send + 'static) {
-        let objs = if self.view.is_none() { self.paged.keep(objs) } else { objs };
+        let objs = if self.view().is_none() { self.paged.keep(objs) } else { objs };
         if objs.is_empty() || self.notifier.get().is_none() {
             return reply();
         }
@@ -336,8 +356,8 @@ impl TxFs {
     }
 
     fn tx(&self, req: &Request) -> Option<TxId> {
-        if self.view.is_some() {
-            return self.view;
+        if self.view().is_some() {
+            return self.view();
         }
         let tx = self.txs.of(req.pid());
         if let Some(t) = tx {
@@ -349,8 +369,8 @@ impl TxFs {
 
     /// The caller's transaction, or for caller-less requests the handle's.
     fn tx_fh(&self, req: &Request, fh: FileHandle) -> Option<TxId> {
-        if self.view.is_some() {
-            return self.view;
+        if self.view().is_some() {
+            return self.view();
         }
         if req.pid() == 0 {
             return self.handles.lock().get(&fh.0).and_then(|h| h.tx);
@@ -404,7 +424,7 @@ impl TxFs {
         if let Some(h) = self.handles.lock().get(&fh.0) {
             return Some((h.obj, h.append, h.batch));
         }
-        (self.view.is_some() && fh.0 == 0).then(|| (self.obj(ino), flags & libc::O_APPEND != 0, false))
+        (self.view().is_some() && fh.0 == 0).then(|| (self.obj(ino), flags & libc::O_APPEND != 0, false))
     }
 
     /// Opens a handle (always direct I/O: see the module docs).
@@ -416,7 +436,7 @@ impl TxFs {
             .lock()
             .insert(fh, Handle { obj: o, tx, append: flags & libc::O_APPEND != 0, writable, batch: false });
         // A view's pages are its transaction's: the kernel may keep them.
-        let mut fopen = if self.view.is_some() { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::FOPEN_DIRECT_IO };
+        let mut fopen = if self.view().is_some() { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::FOPEN_DIRECT_IO };
         // No FLUSH at close (a round trip per close(2)) unless the handle
         // can carry a shared writable mapping (O_RDWR only: mmap needs read
         // access), whose dirty pages the kernel writes back at flush. This

@@ -133,8 +133,8 @@ impl TxFs {
     /// The view for a request on node `ino`: a private node's owner, else
     /// the caller's transaction.
     pub(super) fn tx_at(&self, req: &Request, ino: INodeNo) -> Option<TxId> {
-        if self.view.is_some() {
-            return self.view;
+        if self.view().is_some() {
+            return self.view();
         }
         match self.private_owner(ino) {
             Some(owner) => owner,
@@ -147,7 +147,7 @@ impl TxFs {
     /// mappings fault in (its view) stay in a page cache only it reaches.
     /// Files it created are reachable by nobody else anyway.
     pub(super) fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> u64 {
-        let Some(t) = tx.filter(|_| self.view.is_none()) else { return o.0 };
+        let Some(t) = tx.filter(|_| self.view().is_none()) else { return o.0 };
         // Not directories: a lookup answered with another node id than the
         // kernel's dentry has makes it d_invalidate that dentry, which
         // unhashes other processes' working directories (getcwd: ENOENT)

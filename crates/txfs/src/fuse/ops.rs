@@ -31,7 +31,7 @@ impl Filesystem for TxFs {
         // A view always lists with attributes (`readdirplus`; not the
         // adaptive mode, which asks for them only at offset 0 and after a
         // lookup, while git lists a whole directory before it stats it).
-        if self.view.is_some() {
+        if self.view().is_some() {
             let plus = fuser::InitFlags::FUSE_DO_READDIRPLUS;
             if config.add_capabilities(plus).is_err() {
                 tracing::debug!("kernel lacks READDIRPLUS: a view looks every listed name up");
@@ -42,7 +42,7 @@ impl Filesystem for TxFs {
     }
 
     fn destroy(&mut self) {
-        if let Some(tx) = self.view {
+        if let Some(tx) = self.view() {
             tracing::debug!(%tx, "transaction view unmounted");
             return;
         }
@@ -53,7 +53,7 @@ impl Filesystem for TxFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        if ino.0 < PRIVATE_BASE || self.view.is_some() {
+        if ino.0 < PRIVATE_BASE || self.view().is_some() {
             return;
         }
         let mut p = self.private.lock();
@@ -292,7 +292,7 @@ impl Filesystem for TxFs {
         // A view's kernel opens files itself after this (no OPEN, RELEASE
         // or handle: file handle 0, pages kept): two round trips less per
         // open(2). What a handle did for it, `handle_of` does.
-        if self.view.is_some() {
+        if self.view().is_some() {
             return reply.error(Errno::ENOSYS);
         }
         let tx = self.tx_at(req, ino);
@@ -332,7 +332,7 @@ impl Filesystem for TxFs {
         // node's pages are its transaction's; a shared node's pages are
         // everyone's, so they hold committed data — except for an object
         // the caller's transaction created, which nobody else can reach.
-        let tx = if lock_owner.is_some() || self.view.is_some() {
+        let tx = if lock_owner.is_some() || self.view().is_some() {
             self.tx_fh(req, fh)
         } else {
             self.paged.add(ino.0);
@@ -362,7 +362,7 @@ impl Filesystem for TxFs {
         // Write-back of a shared writable mapping: applied as a plain write
         // (module docs), never into whichever transaction happens to be near.
         // In a transaction view even a write-back is the transaction's.
-        let tx = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && self.view.is_none() {
+        let tx = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && self.view().is_none() {
             self.paged.add(ino.0);
             None
         } else {
@@ -410,7 +410,7 @@ impl Filesystem for TxFs {
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         // Nothing to do here (the kernel writes dirty pages back before it
         // asks); a view's kernel stops asking.
-        if self.view.is_some() {
+        if self.view().is_some() {
             return reply.error(Errno::ENOSYS);
         }
         reply.ok();
@@ -654,7 +654,7 @@ impl Filesystem for TxFs {
             // Makes the handle it is issued on a batch handle. Not in a view:
             // its handles are not direct I/O, so the kernel would keep the
             // batch's raw bytes as the file's pages.
-            if self.view.is_some() {
+            if self.view().is_some() {
                 return reply.error(Errno::EINVAL);
             }
             return match self.handles.lock().get_mut(&_fh.0) {

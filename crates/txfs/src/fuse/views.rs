@@ -14,7 +14,7 @@
 //! view leaves the shared mount's cache gate open ([`TxFs::way_in`]).
 
 use super::cache_gate::CacheGate;
-use super::TxFs;
+use super::{Role, TxFs};
 use crate::attribution::procfs;
 use fuser::INodeNo;
 use parking_lot::Mutex;
@@ -75,13 +75,12 @@ impl TxFs {
             invalidator: Mutex::new(dead_end),
             private: Arc::default(),
             gate: Arc::new(CacheGate::for_view()),
-            view: Some(tx),
+            role: Role::View { tx, shared_gate: self.gate.clone() },
             views: Arc::default(),
             paged: Arc::default(),
             point: std::sync::OnceLock::new(),
             attr_requests: AtomicU64::new(0),
             dev: std::sync::OnceLock::new(),
-            shared_gate: Some(self.gate.clone()),
             config: self.config.clone(),
         }
     }
