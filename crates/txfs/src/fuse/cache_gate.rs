@@ -16,7 +16,7 @@
 //! A transaction view (`txfs run`) has a gate of its own that is always
 //! open: everything it is told is its transaction's and only it can ask.
 
-use super::nodes::PRIVATE_BASE;
+use super::nodes::is_private;
 use fuser::INodeNo;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +42,7 @@ pub struct CacheGate {
     state: parking_lot::RwLock<(bool, u64)>,
     /// Node ids answered with a nonzero attribute TTL since the gate opened
     /// (in a view: every node id it handed out).
-    pub(super) cached: Mutex<std::collections::HashSet<u64>>,
+    pub(super) cached: Mutex<std::collections::HashSet<INodeNo>>,
     /// The session's notifier, set when the kernel accepted
     /// `FUSE_NOTIFY_INC_EPOCH`; without it the gate stays shut.
     epoch: std::sync::OnceLock<fuser::Notifier>,
@@ -93,13 +93,13 @@ impl CacheGate {
 
     /// Runs `send(ttl)` with the TTL a reply about node `ino` for `tx` may
     /// carry, holding the gate so that it cannot close in between.
-    pub(super) fn reply<R>(&self, tx: Option<TxId>, ino: u64, ticket: u64, send: impl FnOnce(&Duration) -> R) -> R {
+    pub(super) fn reply<R>(&self, tx: Option<TxId>, ino: INodeNo, ticket: u64, send: impl FnOnce(&Duration) -> R) -> R {
         if self.view {
             self.cached.lock().insert(ino);
             return send(&VIEW_TTL);
         }
         let g = self.state.read();
-        if g.0 && g.1 == ticket && tx.is_none() && ino < PRIVATE_BASE {
+        if g.0 && g.1 == ticket && tx.is_none() && !is_private(ino) {
             self.cached.lock().insert(ino);
             self.cached_replies.fetch_add(1, Ordering::Relaxed);
             let r = send(&CACHE_TTL);
@@ -202,7 +202,7 @@ impl CacheGate {
             for ino in cached {
                 // Offset -1: attributes only, no page-cache work. ENOENT:
                 // the kernel has forgotten the node.
-                let _ = n.inval_inode(INodeNo(ino), -1, 0);
+                let _ = n.inval_inode(ino, -1, 0);
             }
         }
     }

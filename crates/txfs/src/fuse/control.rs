@@ -12,7 +12,7 @@ use crate::attribution::procfs;
 use crate::wire;
 use fuser::{Errno, INodeNo, Request};
 use std::sync::atomic::Ordering;
-use txfs_engine::{Durability, Error, FileKind, ObjId, TxId};
+use txfs_engine::{Durability, Error, FileKind, TxId};
 
 impl TxFs {
     /// STATE's answer for thread `tid`.
@@ -29,7 +29,7 @@ impl TxFs {
         ino: INodeNo,
         cmd: u32,
         data: &[u8],
-    ) -> Result<(Vec<u8>, Vec<ObjId>), Errno> {
+    ) -> Result<(Vec<u8>, Vec<INodeNo>), Errno> {
         let tid = req.pid();
         let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
         // A process of a `txfs run` whose view left the gate open: shut it.

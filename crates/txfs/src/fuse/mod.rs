@@ -64,7 +64,7 @@ mod views;
 
 pub use cache_gate::CacheGate;
 use cache_gate::TTL;
-use nodes::{all_ids, Paged, Private, PRIVATE_BASE};
+use nodes::{all_ids, is_private, Paged, Private};
 use views::{ViewLink, Views};
 
 use crate::attribution::txmap::TxMap;
@@ -141,8 +141,8 @@ pub struct TxFs {
 /// and fail in a doomed transaction (so its ABORT could never be sent).
 type DirSnapshot = (Option<TxId>, Option<Arc<Vec<DirEntry>>>);
 
-/// Files whose cached pages must go, and the reply to send after.
-type Deferred = (Vec<ObjId>, Box<dyn FnOnce() + Send>);
+/// Nodes whose cached pages must go, and the reply to send after.
+type Deferred = (Vec<INodeNo>, Box<dyn FnOnce() + Send>);
 
 /// Ends `tx` — commits it with `Some(durability)`, else aborts it — and
 /// returns the node ids whose cached pages must go before anyone hears of
@@ -158,8 +158,8 @@ fn end_tx(
     views: &Mutex<HashMap<TxId, ViewLink>>,
     tx: TxId,
     commit: Option<Durability>,
-) -> (Result<(), Error>, Vec<ObjId>) {
-    let own: Vec<ObjId> = private.lock().of_tx.remove(&tx).unwrap_or_default().into_iter().map(ObjId).collect();
+) -> (Result<(), Error>, Vec<INodeNo>) {
+    let own: Vec<INodeNo> = private.lock().of_tx.remove(&tx).unwrap_or_default();
     let (r, changed) = match commit {
         Some(d) => {
             gate.pin(tx, notifier);
@@ -184,8 +184,8 @@ fn end_tx(
     // when it forgets them (`forget`).
     let mut p = private.lock();
     for k in own {
-        if !p.nlookup.contains_key(&k.0) {
-            p.remove(k.0);
+        if !p.nlookup.contains_key(&k) {
+            p.remove(k);
         }
     }
     drop(p);
@@ -193,11 +193,11 @@ fn end_tx(
 }
 
 fn invalidator(notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, jobs: std::sync::mpsc::Receiver<Deferred>) {
-    for (objs, reply) in jobs {
+    for (nodes, reply) in jobs {
         if let Some(n) = notifier.get() {
-            for o in objs {
+            for ino in nodes {
                 // ENOENT: the kernel has no inode for it, nothing to drop.
-                let _ = n.inval_inode(INodeNo(o.0), 0, 0);
+                let _ = n.inval_inode(ino, 0, 0);
             }
         }
         reply();
@@ -318,7 +318,7 @@ impl TxFs {
     }
 
     /// Ends `tx` (see [`end_tx`]) on the gate of [`TxFs::shared_gate`].
-    fn end_tx(&self, tx: TxId, commit: Option<Durability>) -> (Result<(), Error>, Vec<ObjId>) {
+    fn end_tx(&self, tx: TxId, commit: Option<Durability>) -> (Result<(), Error>, Vec<INodeNo>) {
         end_tx(&self.engine, &self.private, self.shared_gate(), self.notifier.get(), &self.views, tx, commit)
     }
 
@@ -333,21 +333,21 @@ impl TxFs {
         }
     }
 
-    /// Sends `reply` once the cached pages of `objs` are gone (on the
+    /// Sends `reply` once the cached pages of `nodes` are gone (on the
     /// invalidation thread; see the module docs).
-    fn after(&self, objs: Vec<ObjId>, reply: impl FnOnce() + Send + 'static) {
-        let objs = if self.view().is_none() { self.paged.keep(objs) } else { objs };
-        if objs.is_empty() || self.notifier.get().is_none() {
+    fn after(&self, nodes: Vec<INodeNo>, reply: impl FnOnce() + Send + 'static) {
+        let nodes = if self.view().is_none() { self.paged.keep(nodes) } else { nodes };
+        if nodes.is_empty() || self.notifier.get().is_none() {
             return reply();
         }
-        if let Err(std::sync::mpsc::SendError((_, reply))) = self.invalidator.lock().send((objs, Box::new(reply))) {
+        if let Err(std::sync::mpsc::SendError((_, reply))) = self.invalidator.lock().send((nodes, Box::new(reply))) {
             reply();
         }
     }
 
     /// What a content change must invalidate before it is answered: plain
     /// changes commit at once; a transaction's stay private until commit.
-    fn committed_now(&self, tx: Option<TxId>, o: ObjId) -> Vec<ObjId> {
+    fn committed_now(&self, tx: Option<TxId>, o: ObjId) -> Vec<INodeNo> {
         if tx.is_none() {
             self.all_ids(vec![o])
         } else {

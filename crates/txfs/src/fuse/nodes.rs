@@ -8,6 +8,12 @@
 //! created keep their shared id (nobody else reaches them), and so do
 //! directories (see [`TxFs::node_id`]).
 //!
+//! Node ids are fuser's [`INodeNo`] everywhere in this adapter, never a
+//! bare `u64` or an [`ObjId`]: the lists of what to invalidate name kernel
+//! nodes ([`all_ids`] turns changed objects into every node id they have),
+//! the cache gate remembers nodes, and only [`shared`] and [`TxFs::obj`]
+//! cross between the two spaces.
+//!
 //! [`Private`] maps private ids to (transaction, object) and back; an id
 //! lives while its transaction does or while the kernel still counts a
 //! lookup of it. [`Paged`] names the shared node ids that may have pages in
@@ -29,28 +35,39 @@ use txfs_engine::{Attr, FileKind, ObjId, TxId};
 /// invalidation thread (which costs a thread switch per plain write and per
 /// commit). A node added after a commit's check read the committed data.
 #[derive(Default)]
-pub(super) struct Paged(pub(super) Mutex<std::collections::HashSet<u64>>);
+pub(super) struct Paged(pub(super) Mutex<std::collections::HashSet<INodeNo>>);
 
 impl Paged {
-    pub(super) fn add(&self, ino: u64) {
+    pub(super) fn add(&self, ino: INodeNo) {
         self.0.lock().insert(ino);
     }
 
-    pub(super) fn keep(&self, mut objs: Vec<ObjId>) -> Vec<ObjId> {
+    pub(super) fn keep(&self, mut nodes: Vec<INodeNo>) -> Vec<INodeNo> {
         let set = self.0.lock();
-        objs.retain(|o| set.contains(&o.0));
-        objs
+        nodes.retain(|n| set.contains(n));
+        nodes
     }
 }
 
-pub(super) fn all_ids(private: &Mutex<Private>, objs: Vec<ObjId>) -> Vec<ObjId> {
+/// Every node id of these objects: the private ones and the shared one.
+pub(super) fn all_ids(private: &Mutex<Private>, objs: Vec<ObjId>) -> Vec<INodeNo> {
     let p = private.lock();
     let mut out = Vec::with_capacity(objs.len());
     for o in objs {
-        out.extend(p.of_obj.get(&o).into_iter().flatten().map(|k| ObjId(*k)));
-        out.push(o);
+        out.extend(p.of_obj.get(&o).into_iter().flatten().copied());
+        out.push(shared(o));
     }
     out
+}
+
+/// The node id everyone knows `o` by (and a view knows it by).
+pub(super) fn shared(o: ObjId) -> INodeNo {
+    INodeNo(o.0)
+}
+
+/// Whether `ino` is a transaction-private node id.
+pub(super) fn is_private(ino: INodeNo) -> bool {
+    ino.0 >= PRIVATE_BASE
 }
 
 /// Node ids from here up are transaction-private (see [`Private`]).
@@ -61,15 +78,15 @@ pub(super) const PRIVATE_BASE: u64 = 1 << 62;
 /// in live in a page cache nobody else reaches (SPEC §6).
 #[derive(Default)]
 pub(super) struct Private {
-    pub(super) owner: HashMap<u64, (TxId, ObjId)>,
-    pub(super) by_pair: HashMap<(TxId, ObjId), u64>,
-    pub(super) of_obj: HashMap<ObjId, Vec<u64>>,
-    pub(super) of_tx: HashMap<TxId, Vec<u64>>,
+    pub(super) owner: HashMap<INodeNo, (TxId, ObjId)>,
+    pub(super) by_pair: HashMap<(TxId, ObjId), INodeNo>,
+    pub(super) of_obj: HashMap<ObjId, Vec<INodeNo>>,
+    pub(super) of_tx: HashMap<TxId, Vec<INodeNo>>,
     /// Lookups of a private id the kernel counts (entry replies) and has
     /// not forgotten: an id is dropped once its transaction has ended and
     /// this is zero, so the maps (and `all_ids`) do not grow with every
     /// transaction the daemon ever served.
-    pub(super) nlookup: HashMap<u64, u64>,
+    pub(super) nlookup: HashMap<INodeNo, u64>,
     pub(super) next: u64,
 }
 
@@ -79,12 +96,12 @@ impl Private {
     /// transaction looking the same file up at once get one id, never two
     /// (two would give the file two kernel inodes, and two page caches, in
     /// one view).
-    pub(super) fn id_for(&mut self, t: TxId, o: ObjId) -> u64 {
+    pub(super) fn id_for(&mut self, t: TxId, o: ObjId) -> INodeNo {
         match self.by_pair.entry((t, o)) {
             Entry::Occupied(e) => *e.get(),
             Entry::Vacant(e) => {
                 self.next += 1;
-                let k = PRIVATE_BASE + self.next;
+                let k = INodeNo(PRIVATE_BASE + self.next);
                 e.insert(k);
                 self.owner.insert(k, (t, o));
                 self.of_obj.entry(o).or_default().push(k);
@@ -94,7 +111,7 @@ impl Private {
         }
     }
 
-    pub(super) fn remove(&mut self, k: u64) {
+    pub(super) fn remove(&mut self, k: INodeNo) {
         if let Some((t, o)) = self.owner.remove(&k) {
             self.by_pair.remove(&(t, o));
             if let Some(v) = self.of_obj.get_mut(&o) {
@@ -105,15 +122,15 @@ impl Private {
             }
         }
         self.nlookup.remove(&k);
-        tracing::trace!(node = k, "private node id dropped");
+        tracing::trace!(node = k.0, "private node id dropped");
     }
 }
 
 impl TxFs {
     /// The engine object behind a kernel node id.
     pub(super) fn obj(&self, ino: INodeNo) -> ObjId {
-        if ino.0 >= PRIVATE_BASE {
-            if let Some((_, o)) = self.private.lock().owner.get(&ino.0) {
+        if is_private(ino) {
+            if let Some((_, o)) = self.private.lock().owner.get(&ino) {
                 return *o;
             }
         }
@@ -123,10 +140,10 @@ impl TxFs {
     /// The transaction whose private node `ino` is, if it is one: `Some(None)`
     /// once that transaction has ended (then everyone's committed view).
     pub(super) fn private_owner(&self, ino: INodeNo) -> Option<Option<TxId>> {
-        if ino.0 < PRIVATE_BASE {
+        if !is_private(ino) {
             return None;
         }
-        let t = self.private.lock().owner.get(&ino.0).map(|(t, _)| *t)?;
+        let t = self.private.lock().owner.get(&ino).map(|(t, _)| *t)?;
         Some(Some(t).filter(|t| self.engine.is_live(*t)))
     }
 
@@ -146,41 +163,40 @@ impl TxFs {
     /// existing regular file it looks up by a private id, so the pages its
     /// mappings fault in (its view) stay in a page cache only it reaches.
     /// Files it created are reachable by nobody else anyway.
-    pub(super) fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> u64 {
-        let Some(t) = tx.filter(|_| self.view().is_none()) else { return o.0 };
+    pub(super) fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> INodeNo {
+        let Some(t) = tx.filter(|_| self.view().is_none()) else { return shared(o) };
         // Not directories: a lookup answered with another node id than the
         // kernel's dentry has makes it d_invalidate that dentry, which
         // unhashes other processes' working directories (getcwd: ENOENT)
         // and detaches mounts below it. An uncommitted rmdir therefore
         // kills the shared inode (README "Known limits").
         if kind != FileKind::File {
-            return o.0;
+            return shared(o);
         }
         if let Some(k) = self.private.lock().by_pair.get(&(t, o)) {
             return *k;
         }
         if self.engine.created_by(t, o) {
-            return o.0;
+            return shared(o);
         }
         // Looked up again under the lock that inserts: another thread of
         // `t` may have made the id since the look above.
         self.private.lock().id_for(t, o)
     }
 
-    /// Attributes for an entry reply, under the node id `tx` knows them by.
-    /// Attributes for an entry reply (the kernel counts a lookup of the
-    /// node id it names).
+    /// Attributes for an entry reply, under the node id `tx` knows them by
+    /// (the kernel counts a lookup of the node id it names).
     pub(super) fn entry_attr(&self, tx: Option<TxId>, a: &Attr) -> FileAttr {
         let mut f = fattr(a);
-        f.ino = INodeNo(self.node_id(tx, a.obj, a.kind));
-        if f.ino.0 >= PRIVATE_BASE {
-            *self.private.lock().nlookup.entry(f.ino.0).or_default() += 1;
+        f.ino = self.node_id(tx, a.obj, a.kind);
+        if is_private(f.ino) {
+            *self.private.lock().nlookup.entry(f.ino).or_default() += 1;
         }
         f
     }
 
     /// Every node id of these objects: the shared one and private ones.
-    pub(super) fn all_ids(&self, objs: Vec<ObjId>) -> Vec<ObjId> {
+    pub(super) fn all_ids(&self, objs: Vec<ObjId>) -> Vec<INodeNo> {
         all_ids(&self.private, objs)
     }
 }
@@ -198,7 +214,7 @@ mod tests {
         let mut p = Private::default();
         let (t, u, o) = (TxId(1), TxId(2), ObjId(10));
         let k = p.id_for(t, o);
-        assert!(k >= PRIVATE_BASE);
+        assert!(is_private(k));
         assert_eq!(p.id_for(t, o), k);
         assert_eq!(p.of_obj[&o], vec![k]);
         assert_eq!(p.of_tx[&t], vec![k]);

@@ -6,7 +6,7 @@
 //! may cache, and after the invalidation thread for anything that changed
 //! pages it may hold.
 
-use super::{errno, fattr, kind, stamp, TxFs, PRIVATE_BASE, TTL};
+use super::{errno, fattr, is_private, kind, stamp, TxFs, TTL};
 use crate::wire;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig,
@@ -53,23 +53,23 @@ impl Filesystem for TxFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        if ino.0 < PRIVATE_BASE || self.view().is_some() {
+        if !is_private(ino) || self.view().is_some() {
             return;
         }
         let mut p = self.private.lock();
-        let Some(n) = p.nlookup.get_mut(&ino.0) else { return };
+        let Some(n) = p.nlookup.get_mut(&ino) else { return };
         *n = n.saturating_sub(nlookup);
         if *n > 0 {
             return;
         }
-        p.nlookup.remove(&ino.0);
+        p.nlookup.remove(&ino);
         // Its transaction still live: it may look the file up again (and
         // gets the same id); `end_tx` drops it.
-        let live = p.owner.get(&ino.0).is_some_and(|(t, _)| self.engine.is_live(*t));
+        let live = p.owner.get(&ino).is_some_and(|(t, _)| self.engine.is_live(*t));
         if !live {
-            p.remove(ino.0);
+            p.remove(ino);
             drop(p);
-            self.paged.0.lock().remove(&ino.0);
+            self.paged.0.lock().remove(&ino);
         }
     }
 
@@ -81,7 +81,7 @@ impl Filesystem for TxFs {
         match self.engine.lookup(tx, self.obj(parent), name) {
             Ok(a) => {
                 let fa = self.entry_attr(tx, &a);
-                self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -103,7 +103,7 @@ impl Filesystem for TxFs {
             tx => tx,
         };
         match self.engine.getattr(tx, self.obj(ino)) {
-            Ok(a) => self.gate.reply(tx, ino.0, ticket, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) })),
+            Ok(a) => self.gate.reply(tx, ino, ticket, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) })),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -156,7 +156,7 @@ impl Filesystem for TxFs {
                 let inval = if size.is_some() { self.committed_now(tx, self.obj(ino)) } else { Vec::new() };
                 let gate = self.gate.clone();
                 self.after(inval, move || {
-                    gate.reply(tx, ino.0, ticket, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) }))
+                    gate.reply(tx, ino, ticket, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) }))
                 })
             }
             Err(e) => reply.error(errno(&e)),
@@ -191,7 +191,7 @@ impl Filesystem for TxFs {
             Ok(a) => {
                 let fa = self.entry_attr(tx, &a);
                 self.view_saw(tx, None);
-                self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -205,7 +205,7 @@ impl Filesystem for TxFs {
             Ok(a) => {
                 let fa = self.entry_attr(tx, &a);
                 self.view_saw(tx, None);
-                self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -241,7 +241,7 @@ impl Filesystem for TxFs {
             Ok(a) => {
                 let fa = self.entry_attr(tx, &a);
                 self.view_saw(tx, None);
-                self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -282,7 +282,7 @@ impl Filesystem for TxFs {
             Ok(a) => {
                 let fa = self.entry_attr(tx, &a);
                 self.view_saw(tx, None);
-                self.gate.reply(tx, fa.ino.0, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -335,7 +335,7 @@ impl Filesystem for TxFs {
         let tx = if lock_owner.is_some() || self.view().is_some() {
             self.tx_fh(req, fh)
         } else {
-            self.paged.add(ino.0);
+            self.paged.add(ino);
             match self.private_owner(ino) {
                 Some(owner) => owner,
                 None => self.tx_fh(req, fh).filter(|t| self.engine.created_by(*t, o)),
@@ -363,7 +363,7 @@ impl Filesystem for TxFs {
         // (module docs), never into whichever transaction happens to be near.
         // In a transaction view even a write-back is the transaction's.
         let tx = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && self.view().is_none() {
-            self.paged.add(ino.0);
+            self.paged.add(ino);
             None
         } else {
             self.tx_fh(req, fh)
@@ -457,7 +457,7 @@ impl Filesystem for TxFs {
                 0 => reply.add(ino, 1, FileType::Directory, "."),
                 1 => reply.add(ino, 2, FileType::Directory, ".."),
                 _ => match list.get(i - 2) {
-                    Some(e) => reply.add(INodeNo(self.node_id(tx, e.obj, e.kind)), i as u64 + 1, kind(e.kind), &e.name),
+                    Some(e) => reply.add(self.node_id(tx, e.obj, e.kind), i as u64 + 1, kind(e.kind), &e.name),
                     None => break,
                 },
             };
@@ -495,7 +495,7 @@ impl Filesystem for TxFs {
                     Some(e) => match self.engine.getattr(tx, e.obj) {
                         Ok(a) => {
                             let fa = self.entry_attr(tx, &a);
-                            self.gate.reply(tx, fa.ino.0, ticket, |ttl| {
+                            self.gate.reply(tx, fa.ino, ticket, |ttl| {
                                 reply.add(fa.ino, i as u64 + 1, &e.name, ttl, &fa, Generation(0))
                             })
                         }
@@ -632,8 +632,7 @@ impl Filesystem for TxFs {
             Ok((fh, fopen)) => {
                 self.view_saw(tx, None);
                 let fa = fattr(&attr);
-                self.gate
-                    .reply(tx, fa.ino.0, ticket, |ttl| reply.created(ttl, &fa, Generation(0), FileHandle(fh), fopen))
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.created(ttl, &fa, Generation(0), FileHandle(fh), fopen))
             }
             Err(e) => reply.error(errno(&e)),
         }

@@ -52,7 +52,7 @@ impl ViewLink {
         let _ = std::thread::Builder::new().name("txfs-view-end".into()).spawn(move || {
             let _ = self.notifier.inc_epoch();
             for ino in std::mem::take(&mut *self.gate.cached.lock()) {
-                let _ = self.notifier.inval_inode(INodeNo(ino), 0, 0);
+                let _ = self.notifier.inval_inode(ino, 0, 0);
             }
         });
     }
