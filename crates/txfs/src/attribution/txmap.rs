@@ -313,7 +313,7 @@ impl TxMap {
     }
 
     /// Registers `root`'s process tree as transaction `tx`, ended by
-    /// `owner`; `starts` from [`tree_starts`], read before (not under the lock).
+    /// `owner`; `starts` from [`super::procfs::tree_starts`], read before (not under the lock).
     pub fn add_tree(&self, root: u32, owner: u32, tx: TxId, starts: (u64, u64)) {
         let mut g = self.inner.lock();
         g.trees.insert(root, TreeTx { tx, root_start: starts.0, owner, owner_start: starts.1 });

@@ -86,7 +86,7 @@ struct Handle {
     /// Opened for writing (`TXFS_IOC_BATCH` needs it).
     writable: bool,
     /// A batch handle (`TXFS_IOC_BATCH`): each WRITE through it carries
-    /// several writes to its file ([`parse_batch`]).
+    /// several writes to its file ([`crate::wire::parse_batch`]).
     batch: bool,
 }
 
