@@ -108,9 +108,9 @@ pub struct TxFs {
     pub engine: Arc<Engine>,
     pub txs: Arc<TxMap>,
     backing: PathBuf,
-    handles: Mutex<HashMap<u64, Handle>>,
+    handles: Mutex<HashMap<FileHandle, Handle>>,
     /// Open directory handles: the listing as the opener saw it, and whose view.
-    dirs: Mutex<HashMap<u64, DirSnapshot>>,
+    dirs: Mutex<HashMap<FileHandle, DirSnapshot>>,
     next_fh: AtomicU64,
     /// Set once the session exists; used to drop stale kernel pages.
     pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
@@ -373,13 +373,13 @@ impl TxFs {
             return self.view();
         }
         if req.pid() == 0 {
-            return self.handles.lock().get(&fh.0).and_then(|h| h.tx);
+            return self.handles.lock().get(&fh).and_then(|h| h.tx);
         }
         self.tx(req)
     }
 
-    fn new_fh(&self) -> u64 {
-        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    fn new_fh(&self) -> FileHandle {
+        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
     }
 
     /// The transaction thread `tid` is in and its depth (0: joined to a
@@ -401,12 +401,12 @@ impl TxFs {
         fh: FileHandle,
         offset: u64,
     ) -> Result<(Option<TxId>, Arc<Vec<DirEntry>>), Errno> {
-        let Some((tx, list)) = self.dirs.lock().get(&fh.0).cloned() else { return Err(Errno::EBADF) };
+        let Some((tx, list)) = self.dirs.lock().get(&fh).cloned() else { return Err(Errno::EBADF) };
         if let Some(list) = list.filter(|_| offset != 0) {
             return Ok((tx, list));
         }
         let list = Arc::new(self.engine.readdir(tx, self.obj(ino)).map_err(|e| errno(&e))?);
-        if let Some(d) = self.dirs.lock().get_mut(&fh.0) {
+        if let Some(d) = self.dirs.lock().get_mut(&fh) {
             d.1 = Some(list.clone());
         }
         Ok((tx, list))
@@ -421,14 +421,14 @@ impl TxFs {
     /// loses at its next read or at commit, and `txfs run` retries; once it
     /// has ended, its view's requests fail anyway.
     fn handle_of(&self, ino: INodeNo, fh: FileHandle, flags: i32) -> Option<(ObjId, bool, bool)> {
-        if let Some(h) = self.handles.lock().get(&fh.0) {
+        if let Some(h) = self.handles.lock().get(&fh) {
             return Some((h.obj, h.append, h.batch));
         }
         (self.view().is_some() && fh.0 == 0).then(|| (self.obj(ino), flags & libc::O_APPEND != 0, false))
     }
 
     /// Opens a handle (always direct I/O: see the module docs).
-    fn open_handle(&self, o: ObjId, tx: Option<TxId>, flags: i32) -> Result<(u64, FopenFlags), Error> {
+    fn open_handle(&self, o: ObjId, tx: Option<TxId>, flags: i32) -> Result<(FileHandle, FopenFlags), Error> {
         self.engine.open_obj(o)?;
         let fh = self.new_fh();
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;

@@ -308,7 +308,7 @@ impl Filesystem for TxFs {
             Vec::new()
         };
         match self.open_handle(self.obj(ino), tx, flags.0) {
-            Ok((fh, fopen)) => self.after(inval, move || reply.opened(FileHandle(fh), fopen)),
+            Ok((fh, fopen)) => self.after(inval, move || reply.opened(fh, fopen)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -426,7 +426,7 @@ impl Filesystem for TxFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if let Some(h) = self.handles.lock().remove(&fh.0) {
+        if let Some(h) = self.handles.lock().remove(&fh) {
             self.engine.release(h.obj);
         }
         reply.ok();
@@ -443,7 +443,7 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         let fh = self.new_fh();
         self.dirs.lock().insert(fh, (tx, None));
-        reply.opened(FileHandle(fh), FopenFlags::empty());
+        reply.opened(fh, FopenFlags::empty());
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
@@ -517,7 +517,7 @@ impl Filesystem for TxFs {
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
-        self.dirs.lock().remove(&fh.0);
+        self.dirs.lock().remove(&fh);
         reply.ok();
     }
 
@@ -632,7 +632,7 @@ impl Filesystem for TxFs {
             Ok((fh, fopen)) => {
                 self.view_saw(tx, None);
                 let fa = fattr(&attr);
-                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.created(ttl, &fa, Generation(0), FileHandle(fh), fopen))
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.created(ttl, &fa, Generation(0), fh, fopen))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -656,7 +656,7 @@ impl Filesystem for TxFs {
             if self.view().is_some() {
                 return reply.error(Errno::EINVAL);
             }
-            return match self.handles.lock().get_mut(&_fh.0) {
+            return match self.handles.lock().get_mut(&_fh) {
                 Some(h) if h.writable => {
                     h.batch = true;
                     reply.ioctl(0, &[])
