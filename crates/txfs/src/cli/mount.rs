@@ -59,9 +59,8 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     if let Some(a) = &armed {
         a.opened();
     }
-    let txfs = fuse::TxFs::new(engine.clone(), backing.clone(), knobs.clone());
-    let _ = txfs.point.set(point.clone());
-    let notifier_slot = txfs.notifier.clone();
+    let notifier_slot = Arc::new(std::sync::OnceLock::new());
+    let txfs = fuse::TxFs::new(engine.clone(), backing.clone(), point.clone(), notifier_slot.clone(), knobs.clone());
     let gate = txfs.gate.clone();
     let mut mopts = vec![
         fuser::MountOption::FSName(format!("txfs:{}", backing.display())),

@@ -50,7 +50,7 @@ impl TxFs {
                     self.txs.join(tid, view);
                 } else {
                     let engine = &self.engine;
-                    let tx = self.gate.close_then(self.notifier.get(), || self.txs.begin(tid, || engine.begin()));
+                    let tx = self.gate.close_then(self.notifier(), || self.txs.begin(tid, || engine.begin()));
                     tracing::debug!(tid, %tx, "begin");
                 }
                 let Some((last, prior)) = before else { return Ok((Vec::new(), Vec::new())) };
@@ -166,7 +166,7 @@ impl TxFs {
                         };
                         let tx = match &escape {
                             None => self.gate.begin_free(begin),
-                            Some(_) => self.gate.close_then(self.notifier.get(), begin),
+                            Some(_) => self.gate.close_then(self.notifier(), begin),
                         };
                         if let Some(why) = escape.as_deref().filter(|_| with_view) {
                             tracing::info!(pid, %tx, "the kernel stops caching while this run lives: {why}");

@@ -64,7 +64,7 @@ mod views;
 
 pub use cache_gate::CacheGate;
 use cache_gate::TTL;
-use nodes::{all_ids, is_private, Paged, Private};
+use nodes::{all_ids, is_private, shared_id, Paged, Private};
 use views::{ViewLink, Views};
 
 use crate::attribution::txmap::TxMap;
@@ -94,12 +94,30 @@ struct Handle {
 enum Role {
     /// The mount everyone shares: a request is its caller's transaction's,
     /// or a private node's owner's, or plain.
-    Shared,
+    Shared(SharedMount),
     /// The transaction view of a `txfs run` (its own FUSE connection,
     /// mounted over the mount point in the command's mount namespace):
     /// every request on it is `tx`'s, whoever sends it. `shared_gate` is
     /// the shared mount's cache gate.
     View { tx: TxId, shared_gate: Arc<CacheGate> },
+}
+
+/// What only the shared mount has. A view has no private node ids (every
+/// node is its transaction's), serves no views, and never invalidates
+/// (nothing but its transaction changes what it shows).
+struct SharedMount {
+    /// Set once the session exists; used to drop stale kernel pages.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    invalidator: Mutex<std::sync::mpsc::Sender<Deferred>>,
+    private: Arc<Mutex<Private>>,
+    /// The transaction views this mount serves.
+    views: Views,
+    /// Node ids whose pages the kernel may cache (see [`Paged`]).
+    paged: Arc<Paged>,
+    /// Where this mount is mounted, as the daemon sees it.
+    point: PathBuf,
+    /// This mount's device (`way_in`), read at the first run.
+    dev: std::sync::OnceLock<u64>,
 }
 
 /// One FUSE session's file system: the shared mount, or a `txfs run`
@@ -112,24 +130,12 @@ pub struct TxFs {
     /// Open directory handles: the listing as the opener saw it, and whose view.
     dirs: Mutex<HashMap<FileHandle, DirSnapshot>>,
     next_fh: AtomicU64,
-    /// Set once the session exists; used to drop stale kernel pages.
-    pub notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
-    invalidator: Mutex<std::sync::mpsc::Sender<Deferred>>,
-    private: Arc<Mutex<Private>>,
     /// Kernel caching while no transaction is live.
     pub gate: Arc<CacheGate>,
     /// The shared mount, or a `txfs run` transaction view.
     role: Role,
-    /// The transaction views this (shared) mount serves.
-    views: Views,
-    /// Node ids whose pages the kernel may cache (see [`Paged`]).
-    paged: Arc<Paged>,
-    /// Where this (shared) mount is mounted, as the daemon sees it.
-    pub point: std::sync::OnceLock<PathBuf>,
     /// LOOKUP and GETATTR requests served (`txfs status`).
     attr_requests: AtomicU64,
-    /// This mount's device (`way_in`).
-    dev: std::sync::OnceLock<u64>,
     /// The daemon's knobs, read once at its start.
     config: Arc<Config>,
 }
@@ -150,16 +156,17 @@ type Deferred = (Vec<INodeNo>, Box<dyn FnOnce() + Send>);
 /// private nodes either way (their pages hold its view).
 /// A transaction that left the gate open shuts it for its commit (`notifier`
 /// drops the attributes cached meanwhile).
+/// `private` and `views` are the shared mount's (`None` in a view).
 fn end_tx(
     engine: &Engine,
-    private: &Mutex<Private>,
+    private: Option<&Mutex<Private>>,
     gate: &CacheGate,
     notifier: Option<&fuser::Notifier>,
-    views: &Mutex<HashMap<TxId, ViewLink>>,
+    views: Option<&Mutex<HashMap<TxId, ViewLink>>>,
     tx: TxId,
     commit: Option<Durability>,
 ) -> (Result<(), Error>, Vec<INodeNo>) {
-    let own: Vec<INodeNo> = private.lock().of_tx.remove(&tx).unwrap_or_default();
+    let own: Vec<INodeNo> = private.and_then(|p| p.lock().of_tx.remove(&tx)).unwrap_or_default();
     let (r, changed) = match commit {
         Some(d) => {
             gate.pin(tx, notifier);
@@ -175,9 +182,10 @@ fn end_tx(
     };
     gate.unfree(tx);
     gate.reopen(engine);
-    if let Some(v) = views.lock().remove(&tx) {
+    if let Some(v) = views.and_then(|v| v.lock().remove(&tx)) {
         v.end();
     }
+    let Some(private) = private else { return (r, changed.into_iter().map(shared_id).collect()) };
     let mut pages = all_ids(private, changed);
     pages.extend(own.iter().copied());
     // Private ids the kernel does not hold (any more) go now; the others
@@ -260,8 +268,15 @@ fn fattr(a: &Attr) -> FileAttr {
 }
 
 impl TxFs {
-    pub fn new(engine: Arc<Engine>, backing: PathBuf, config: Arc<Config>) -> TxFs {
-        let notifier = Arc::new(std::sync::OnceLock::new());
+    /// The shared mount of `backing` at `point`. `notifier` is set once
+    /// the session exists.
+    pub fn new(
+        engine: Arc<Engine>,
+        backing: PathBuf,
+        point: PathBuf,
+        notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+        config: Arc<Config>,
+    ) -> TxFs {
         let (tx, rx) = std::sync::mpsc::channel();
         let n = notifier.clone();
         std::thread::Builder::new()
@@ -282,7 +297,7 @@ impl TxFs {
                 std::thread::sleep(Duration::from_millis(250));
                 for dead in t.reap() {
                     tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
-                    let (_, pages) = end_tx(&e, &p, &g, None, &vs, dead, None);
+                    let (_, pages) = end_tx(&e, Some(&p), &g, None, Some(&vs), dead, None);
                     let _ = inval.send((pg.keep(pages), Box::new(|| {})));
                 }
             })
@@ -294,16 +309,17 @@ impl TxFs {
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            notifier,
-            invalidator: Mutex::new(tx),
-            private,
             gate,
-            role: Role::Shared,
-            views,
-            paged,
-            point: std::sync::OnceLock::new(),
+            role: Role::Shared(SharedMount {
+                notifier,
+                invalidator: Mutex::new(tx),
+                private,
+                views,
+                paged,
+                point,
+                dev: std::sync::OnceLock::new(),
+            }),
             attr_requests: AtomicU64::new(0),
-            dev: std::sync::OnceLock::new(),
             config,
         }
     }
@@ -312,14 +328,29 @@ impl TxFs {
     /// that transaction's, whoever sends it.
     fn view(&self) -> Option<TxId> {
         match &self.role {
-            Role::Shared => None,
+            Role::Shared(_) => None,
             Role::View { tx, .. } => Some(*tx),
         }
     }
 
+    /// What only the shared mount has; `None` in a view.
+    fn shared_mount(&self) -> Option<&SharedMount> {
+        match &self.role {
+            Role::Shared(s) => Some(s),
+            Role::View { .. } => None,
+        }
+    }
+
+    /// The shared mount's notifier, once its session exists.
+    fn notifier(&self) -> Option<&fuser::Notifier> {
+        self.shared_mount().and_then(|s| s.notifier.get())
+    }
+
     /// Ends `tx` (see [`end_tx`]) on the gate of [`TxFs::shared_gate`].
     fn end_tx(&self, tx: TxId, commit: Option<Durability>) -> (Result<(), Error>, Vec<INodeNo>) {
-        end_tx(&self.engine, &self.private, self.shared_gate(), self.notifier.get(), &self.views, tx, commit)
+        let s = self.shared_mount();
+        let (private, views) = (s.map(|s| &*s.private), s.map(|s| &*s.views));
+        end_tx(&self.engine, private, self.shared_gate(), self.notifier(), views, tx, commit)
     }
 
     /// The shared mount's gate, also in a view: the gate a transaction
@@ -328,7 +359,7 @@ impl TxFs {
     /// status` reports.
     fn shared_gate(&self) -> &CacheGate {
         match &self.role {
-            Role::Shared => &self.gate,
+            Role::Shared(_) => &self.gate,
             Role::View { shared_gate, .. } => shared_gate,
         }
     }
@@ -336,11 +367,14 @@ impl TxFs {
     /// Sends `reply` once the cached pages of `nodes` are gone (on the
     /// invalidation thread; see the module docs).
     fn after(&self, nodes: Vec<INodeNo>, reply: impl FnOnce() + Send + 'static) {
-        let nodes = if self.view().is_none() { self.paged.keep(nodes) } else { nodes };
-        if nodes.is_empty() || self.notifier.get().is_none() {
+        // A view has no invalidation thread: nothing but its transaction
+        // changes what it shows.
+        let Some(s) = self.shared_mount() else { return reply() };
+        let nodes = s.paged.keep(nodes);
+        if nodes.is_empty() || s.notifier.get().is_none() {
             return reply();
         }
-        if let Err(std::sync::mpsc::SendError((_, reply))) = self.invalidator.lock().send((nodes, Box::new(reply))) {
+        if let Err(std::sync::mpsc::SendError((_, reply))) = s.invalidator.lock().send((nodes, Box::new(reply))) {
             reply();
         }
     }
@@ -362,7 +396,7 @@ impl TxFs {
         let tx = self.txs.of(req.pid());
         if let Some(t) = tx {
             // A `txfs run` whose view left the gate open came in here.
-            self.gate.pin(t, self.notifier.get());
+            self.gate.pin(t, self.notifier());
         }
         tx
     }

@@ -11,7 +11,7 @@
 //! Node ids are fuser's [`INodeNo`] everywhere in this adapter, never a
 //! bare `u64` or an [`ObjId`]: the lists of what to invalidate name kernel
 //! nodes ([`all_ids`] turns changed objects into every node id they have),
-//! the cache gate remembers nodes, and only [`shared`] and [`TxFs::obj`]
+//! the cache gate remembers nodes, and only [`shared_id`] and [`TxFs::obj`]
 //! cross between the two spaces.
 //!
 //! [`Private`] maps private ids to (transaction, object) and back; an id
@@ -55,13 +55,13 @@ pub(super) fn all_ids(private: &Mutex<Private>, objs: Vec<ObjId>) -> Vec<INodeNo
     let mut out = Vec::with_capacity(objs.len());
     for o in objs {
         out.extend(p.of_obj.get(&o).into_iter().flatten().copied());
-        out.push(shared(o));
+        out.push(shared_id(o));
     }
     out
 }
 
 /// The node id everyone knows `o` by (and a view knows it by).
-pub(super) fn shared(o: ObjId) -> INodeNo {
+pub(super) fn shared_id(o: ObjId) -> INodeNo {
     INodeNo(o.0)
 }
 
@@ -129,8 +129,8 @@ impl Private {
 impl TxFs {
     /// The engine object behind a kernel node id.
     pub(super) fn obj(&self, ino: INodeNo) -> ObjId {
-        if is_private(ino) {
-            if let Some((_, o)) = self.private.lock().owner.get(&ino) {
+        if let Some(s) = self.shared_mount().filter(|_| is_private(ino)) {
+            if let Some((_, o)) = s.private.lock().owner.get(&ino) {
                 return *o;
             }
         }
@@ -143,7 +143,7 @@ impl TxFs {
         if !is_private(ino) {
             return None;
         }
-        let t = self.private.lock().owner.get(&ino).map(|(t, _)| *t)?;
+        let t = self.shared_mount()?.private.lock().owner.get(&ino).map(|(t, _)| *t)?;
         Some(Some(t).filter(|t| self.engine.is_live(*t)))
     }
 
@@ -164,24 +164,25 @@ impl TxFs {
     /// mappings fault in (its view) stay in a page cache only it reaches.
     /// Files it created are reachable by nobody else anyway.
     pub(super) fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> INodeNo {
-        let Some(t) = tx.filter(|_| self.view().is_none()) else { return shared(o) };
+        // A view's node ids are all its transaction's: no private ones.
+        let (Some(t), Some(s)) = (tx, self.shared_mount()) else { return shared_id(o) };
         // Not directories: a lookup answered with another node id than the
         // kernel's dentry has makes it d_invalidate that dentry, which
         // unhashes other processes' working directories (getcwd: ENOENT)
         // and detaches mounts below it. An uncommitted rmdir therefore
         // kills the shared inode (README "Known limits").
         if kind != FileKind::File {
-            return shared(o);
+            return shared_id(o);
         }
-        if let Some(k) = self.private.lock().by_pair.get(&(t, o)) {
+        if let Some(k) = s.private.lock().by_pair.get(&(t, o)) {
             return *k;
         }
         if self.engine.created_by(t, o) {
-            return shared(o);
+            return shared_id(o);
         }
         // Looked up again under the lock that inserts: another thread of
         // `t` may have made the id since the look above.
-        self.private.lock().id_for(t, o)
+        s.private.lock().id_for(t, o)
     }
 
     /// Attributes for an entry reply, under the node id `tx` knows them by
@@ -189,15 +190,18 @@ impl TxFs {
     pub(super) fn entry_attr(&self, tx: Option<TxId>, a: &Attr) -> FileAttr {
         let mut f = fattr(a);
         f.ino = self.node_id(tx, a.obj, a.kind);
-        if is_private(f.ino) {
-            *self.private.lock().nlookup.entry(f.ino).or_default() += 1;
+        if let Some(s) = self.shared_mount().filter(|_| is_private(f.ino)) {
+            *s.private.lock().nlookup.entry(f.ino).or_default() += 1;
         }
         f
     }
 
     /// Every node id of these objects: the shared one and private ones.
     pub(super) fn all_ids(&self, objs: Vec<ObjId>) -> Vec<INodeNo> {
-        all_ids(&self.private, objs)
+        match self.shared_mount() {
+            Some(s) => all_ids(&s.private, objs),
+            None => objs.into_iter().map(shared_id).collect(),
+        }
     }
 }
 

@@ -53,10 +53,8 @@ impl Filesystem for TxFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        if !is_private(ino) || self.view().is_some() {
-            return;
-        }
-        let mut p = self.private.lock();
+        let Some(s) = self.shared_mount().filter(|_| is_private(ino)) else { return };
+        let mut p = s.private.lock();
         let Some(n) = p.nlookup.get_mut(&ino) else { return };
         *n = n.saturating_sub(nlookup);
         if *n > 0 {
@@ -69,7 +67,7 @@ impl Filesystem for TxFs {
         if !live {
             p.remove(ino);
             drop(p);
-            self.paged.0.lock().remove(&ino);
+            s.paged.0.lock().remove(&ino);
         }
     }
 
@@ -335,7 +333,9 @@ impl Filesystem for TxFs {
         let tx = if lock_owner.is_some() || self.view().is_some() {
             self.tx_fh(req, fh)
         } else {
-            self.paged.add(ino);
+            if let Some(s) = self.shared_mount() {
+                s.paged.add(ino);
+            }
             match self.private_owner(ino) {
                 Some(owner) => owner,
                 None => self.tx_fh(req, fh).filter(|t| self.engine.created_by(*t, o)),
@@ -363,7 +363,9 @@ impl Filesystem for TxFs {
         // (module docs), never into whichever transaction happens to be near.
         // In a transaction view even a write-back is the transaction's.
         let tx = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && self.view().is_none() {
-            self.paged.add(ino);
+            if let Some(s) = self.shared_mount() {
+                s.paged.add(ino);
+            }
             None
         } else {
             self.tx_fh(req, fh)

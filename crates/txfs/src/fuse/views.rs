@@ -63,7 +63,6 @@ impl TxFs {
     /// node ids, no private ids, no invalidation (nothing but the
     /// transaction changes what it shows).
     pub(super) fn new_view(&self, tx: TxId) -> TxFs {
-        let (dead_end, _) = std::sync::mpsc::channel();
         TxFs {
             engine: self.engine.clone(),
             txs: self.txs.clone(),
@@ -71,16 +70,9 @@ impl TxFs {
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            notifier: Arc::new(std::sync::OnceLock::new()),
-            invalidator: Mutex::new(dead_end),
-            private: Arc::default(),
             gate: Arc::new(CacheGate::for_view()),
             role: Role::View { tx, shared_gate: self.gate.clone() },
-            views: Arc::default(),
-            paged: Arc::default(),
-            point: std::sync::OnceLock::new(),
             attr_requests: AtomicU64::new(0),
-            dev: std::sync::OnceLock::new(),
             config: self.config.clone(),
         }
     }
@@ -90,6 +82,9 @@ impl TxFs {
     /// the mount point in its own mount namespace before asking).
     pub(super) fn serve_view(&self, caller: u32, devfd: i32, tx: TxId) -> std::io::Result<()> {
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        // Only the shared mount serves views (a run inside a run is refused
+        // before this).
+        let Some(shared) = self.shared_mount() else { return Err(std::io::Error::from_raw_os_error(libc::EBUSY)) };
         let sys = |r: libc::c_long| -> std::io::Result<OwnedFd> {
             if r < 0 {
                 return Err(std::io::Error::last_os_error());
@@ -128,7 +123,7 @@ impl TxFs {
         let gate = view.gate.clone();
         let session = fuser::Session::from_fd(view, dev, fuser::SessionACL::All, config)?;
         let uring = session.io_uring();
-        self.views.lock().insert(tx, ViewLink { notifier: session.notifier(), gate });
+        shared.views.lock().insert(tx, ViewLink { notifier: session.notifier(), gate });
         std::thread::Builder::new().name(format!("txfs-view-{}", tx.0)).spawn(move || {
             // Ends when the last process of the command's namespace is gone.
             if let Err(e) = session.run() {
@@ -144,14 +139,15 @@ impl TxFs {
     /// mounted) could reach this mount other than by requests: `None` if it
     /// cannot (see [`procfs::way_into`]), else why it can.
     pub(super) fn way_in(&self, pid: u32) -> Option<String> {
-        let Some(point) = self.point.get() else { return Some("mount point unknown".into()) };
+        let Some(s) = self.shared_mount() else { return Some("not the shared mount".into()) };
+        let point = &s.point;
         // Read once (the first run), from what the daemon's own mount table
         // says of the mount it named `txfs:BACKING`, whatever is mounted
         // over its mount point since.
-        let dev = match self.dev.get() {
+        let dev = match s.dev.get() {
             Some(d) => *d,
             None => match procfs::dev_of_source(&format!("txfs:{}", self.backing.display())) {
-                Ok(d) => *self.dev.get_or_init(|| d),
+                Ok(d) => *s.dev.get_or_init(|| d),
                 Err(e) => return Some(format!("/proc/self/mountinfo: {e}")),
             },
         };
@@ -161,8 +157,8 @@ impl TxFs {
     /// A change by `tx` through this (shared) mount: if `tx` is a `txfs run`
     /// with a view, the view drops what it cached of it (`o`: that file).
     pub(super) fn view_saw(&self, tx: Option<TxId>, o: Option<ObjId>) {
-        if let Some(t) = tx {
-            if let Some(v) = self.views.lock().get(&t) {
+        if let (Some(t), Some(s)) = (tx, self.shared_mount()) {
+            if let Some(v) = s.views.lock().get(&t) {
                 v.changed(o);
             }
         }
