@@ -53,7 +53,10 @@ int txfs_abort(void);
 int txfs_sync(const char *path_in_mount);
 
 /* ---- wire protocol: ioctls on any file or directory of the mount ------ */
-/* FUSE passes only "restricted" ioctls: sizes are encoded in the numbers. */
+/* FUSE passes only "restricted" ioctls: sizes are encoded in the numbers.
+ * The daemon's definition is crates/txfs/src/wire.rs; the test
+ * crates/txfs/tests/wire_headers.rs fails if a number, struct size or field
+ * offset here differs from it. */
 #define TXFS_IOC_MAGIC 0xE7
 
 struct txfs_ioc_flags {
@@ -69,7 +72,7 @@ struct txfs_ioc_run {
     uint32_t pid;   /* root of the tree: it and all its descendants */
     uint32_t op;    /* TXFS_RUN_* */
     uint32_t flags; /* TXFS_COMMIT_ORDERED for TXFS_RUN_COMMIT */
-    uint32_t reserved;
+    uint32_t reserved; /* 0 (`txfs run` passes its view's descriptor here) */
 };
 
 struct txfs_ioc_status {
@@ -86,8 +89,8 @@ struct txfs_ioc_state {
 
 /* TXFS_IOC_BEGIN_STATE: a begin answered with the calling thread's state
  * after it, and how one of the thread's recent transactions of its own (one
- * it began, not one it joined) ended. Daemons before 2026-11-24 answer
- * ENOTTY. */
+ * it began, not one it joined) ended. A daemon older than this ioctl
+ * answers ENOTTY. */
 struct txfs_ioc_begin_state {
     uint64_t tx;             /* out: the transaction now */
     uint32_t depth;          /* out: nesting depth now */
@@ -102,7 +105,7 @@ struct txfs_ioc_begin_state {
  * answering what the new transaction sees of that file — its size and bytes
  * 24..40 (SQLite's file change counter), both in the transaction's read set
  * as if read — so a SQLite transaction's first two requests need no round
- * trip. Daemons before 2026-11-24 (evening) answer ENOTTY. */
+ * trip. A daemon older than this ioctl answers ENOTTY. */
 struct txfs_ioc_begin_file {
     struct txfs_ioc_begin_state bs; /* in/out: as TXFS_IOC_BEGIN_STATE */
     uint64_t size;                  /* out: the file's size */
@@ -130,7 +133,7 @@ struct txfs_ioc_commit_if {
  * a transaction (else EINVAL: it could not be atomic), whose writes the
  * records become, in order; a batch that fails part-way (ENOSPC) may leave
  * its first records in the transaction: abort it. Not in a `txfs run` view
- * (EINVAL). Daemons before 2026-11-24 answer ENOTTY. */
+ * (EINVAL). A daemon older than this ioctl answers ENOTTY. */
 #define TXFS_BATCH_MAGIC "TXFSBAT1"
 #define TXFS_BATCH_MAX (1u << 20)
 

@@ -5,6 +5,10 @@ The numbers are computed the way Linux's ``_IOW``/``_IOR`` macros compute them
 powerpc, mips, sparc and alpha), and the structs are packed with :mod:`struct`
 in native byte order with the C layout (every field is naturally aligned, so
 there is no padding).
+
+The daemon's definition is ``crates/txfs/src/wire.rs``; the test
+``crates/txfs/tests/wire_headers.rs`` fails if a number, struct size or field
+offset here differs from it.
 """
 
 from __future__ import annotations

@@ -20,8 +20,6 @@
 //!   ckpt       ops on the backing tree, .txfs/stage, .txfs/orphans and the
 //!              checkpoint plan and markers (.txfs/ckpt-*)
 //!   recovery   any op while the engine is still opening (recovery at mount)
-//! TXFS_CHECKPOINT_BYTES=<n>    checkpoint once the journal exceeds n bytes
-//!                              (default 256 MiB), to reach checkpoints often
 //! ```
 //!
 //! Before dying the daemon prints one line to stderr (the daemon log,
@@ -29,8 +27,13 @@
 //! `txfs failpoint: SIGKILL before <op> <path> (<phase> op #<k>, <class> #<n>)`
 //! so the campaign can say which step it killed.
 //!
+//! The campaign also sets `TXFS_CHECKPOINT_BYTES` (see `config.rs`) to
+//! reach checkpoints often.
+//!
 //! Zero cost when unset: without `TXFS_FAILPOINT` the daemon uses the real
-//! storage directly and this wrapper does not exist.
+//! storage directly and this wrapper does not exist. Compiled only into
+//! debug builds and builds with the `testing` feature: a release binary
+//! has no failpoints (and refuses `TXFS_FAILPOINT`).
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -38,7 +41,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use txfs_engine::storage::{FileKind, Meta, Storage, StoredFile, Timestamp};
-use txfs_engine::Options;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Class {
@@ -71,22 +73,6 @@ pub fn wrap(storage: Arc<dyn Storage>) -> Result<Wrapped, String> {
     let armed =
         Arc::new(Armed { class, n, ops: AtomicU64::new(0), hits: AtomicU64::new(0), opening: AtomicBool::new(true) });
     Ok((Arc::new(FailFs { inner: storage, armed: armed.clone() }), Some(armed)))
-}
-
-/// `opts` with `TXFS_CHECKPOINT_BYTES`, `TXFS_STAGE_BYTES` and
-/// `TXFS_SPILL_BYTES` applied (tests and benchmarks tune the thresholds).
-pub fn tune(mut opts: Options) -> Options {
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse().ok());
-    if let Some(n) = env("TXFS_CHECKPOINT_BYTES") {
-        opts.checkpoint_bytes = n;
-    }
-    if let Some(n) = env("TXFS_STAGE_BYTES") {
-        opts.stage_threshold = n;
-    }
-    if let Some(n) = env("TXFS_SPILL_BYTES") {
-        opts.spill_threshold = n;
-    }
-    opts
 }
 
 /// The armed failpoint: what to count and when to die.

@@ -104,6 +104,16 @@ impl Notifier {
         self.send_inval(notify_code::FUSE_NOTIFY_DELETE, &notif)
     }
 
+    /// Bump the connection's epoch (`FUSE_NOTIFY_INC_EPOCH`, Linux 6.16+):
+    /// every dentry the kernel cached, and every lookup answered before
+    /// this, is revalidated before its next use.
+    /// # Errors
+    /// Returns an error if the kernel rejects the notification (one
+    /// without `FUSE_NOTIFY_INC_EPOCH` answers `EINVAL`).
+    pub fn inc_epoch(&self) -> io::Result<()> {
+        self.send(notify_code::FUSE_NOTIFY_INC_EPOCH, &Notification::new_inc_epoch())
+    }
+
     #[allow(unused)]
     fn send_inval(&self, code: notify_code, notification: &Notification<'_>) -> io::Result<()> {
         match self.send(code, notification) {

@@ -119,6 +119,11 @@ impl<'a> Notification<'a> {
         Self::from_struct(&r)
     }
 
+    /// `FUSE_NOTIFY_INC_EPOCH`: the header alone.
+    pub(crate) fn new_inc_epoch() -> Self {
+        Self::Bare(NotificationBuf::new())
+    }
+
     fn from_struct<T: IntoBytes + Immutable + ?Sized>(data: &T) -> Self {
         Self::Bare(data.as_bytes().into())
     }
@@ -197,6 +202,21 @@ mod test {
             0x24, 0x00, 0x00, 0x00, 0x06, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
             0x00, 0x00, 0x42, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00,
             0x00, 0x00, 0x00, 0x00, 0x61, 0x62, 0x63, 0x00,
+        ];
+        assert_eq!(n, expected);
+    }
+
+    #[test]
+    fn inc_epoch() {
+        let n = Notification::new_inc_epoch()
+            .with_iovec(
+                abi::fuse_notify_code::FUSE_NOTIFY_INC_EPOCH,
+                ioslice_to_vec,
+            )
+            .unwrap();
+        let expected = vec![
+            0x10, 0x00, 0x00, 0x00, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+            0x00, 0x00,
         ];
         assert_eq!(n, expected);
     }

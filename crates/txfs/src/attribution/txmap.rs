@@ -16,115 +16,12 @@
 //! different process. A reaper aborts transactions whose thread or whose
 //! owning `txfs run` process has exited.
 
+use super::procfs::{certainly_gone, probe, start_time, tgid_ppid, Probe};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use txfs_engine::TxId;
-
-/// A /proc file in one `read` where it fits: open, read, close. (std's
-/// `read_to_end` also `statx`es and `lseek`s the file and reads again for
-/// the end: six syscalls, on every transaction's begin.) These files are
-/// produced whole by one `show`, so a read that leaves room in the buffer
-/// has returned all of it.
-fn read_proc(path: &str) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; 4096];
-    let mut len = 0;
-    loop {
-        let n = f.read(&mut buf[len..])?;
-        len += n;
-        if n == 0 || len < buf.len() {
-            break;
-        }
-        buf.resize(buf.len() * 2, 0);
-    }
-    buf.truncate(len);
-    // Lossy: a thread's name is copied in unchecked, and one cut inside a
-    // UTF-8 sequence (names are truncated at 15 bytes) must not make the
-    // thread unreadable (the reaper would take it for gone).
-    Ok(String::from_utf8_lossy(&buf).into_owned())
-}
-
-/// What /proc says of a thread's start time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Probe {
-    /// Field 22 of /proc/PID/stat.
-    Alive(u64),
-    /// No such process or thread.
-    Gone,
-    /// Could not tell (/proc unreadable, the process hidden from us by
-    /// `hidepid`, out of descriptors, a line that does not parse): nothing
-    /// may be concluded.
-    Unknown,
-}
-
-fn probe(pid: u32) -> Probe {
-    let s = match read_proc(&format!("/proc/{pid}/stat")) {
-        Ok(s) => s,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
-            // `hidepid` hides other users' processes as ENOENT too; a signal
-            // check is not subject to it (EPERM: there, but not ours).
-            // SAFETY: signal 0 sends nothing.
-            let there = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
-                || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-            return if there { Probe::Unknown } else { Probe::Gone };
-        }
-        Err(_) => return Probe::Unknown,
-    };
-    // The command name may contain spaces and parentheses: split after the last ')'.
-    let field = s.rfind(')').and_then(|i| s.get(i + 2..)).and_then(|rest| rest.split(' ').nth(19));
-    match field.and_then(|f| f.parse().ok()) {
-        Some(t) => Probe::Alive(t),
-        None => Probe::Unknown,
-    }
-}
-
-/// Start time of a process or thread (field 22 of /proc/PID/stat), or
-/// `None` if it no longer exists (or cannot be read).
-pub fn start_time(pid: u32) -> Option<u64> {
-    match probe(pid) {
-        Probe::Alive(t) => Some(t),
-        Probe::Gone | Probe::Unknown => None,
-    }
-}
-
-/// Start times of a tree's root and owner, for [`TxMap::add_tree`]; `None`
-/// if either cannot be read. A tree registered without them would match
-/// none of its members (their requests silently outside the transaction)
-/// or be taken for a dead owner's and aborted.
-pub fn tree_starts(root: u32, owner: u32) -> Option<(u64, u64)> {
-    match (probe(root), probe(owner)) {
-        (Probe::Alive(r), Probe::Alive(o)) => Some((r, o)),
-        _ => None,
-    }
-}
-
-/// Whether `pid`, recorded with start time `start`, is certainly not that
-/// process or thread any more (gone, or its id reused). Unknown: no.
-fn certainly_gone(pid: u32, start: u64) -> bool {
-    match probe(pid) {
-        Probe::Alive(t) => t != start,
-        Probe::Gone => true,
-        Probe::Unknown => false,
-    }
-}
-
-/// (Tgid, PPid) of a thread.
-fn tgid_ppid(tid: u32) -> Option<(u32, u32)> {
-    let s = read_proc(&format!("/proc/{tid}/status")).ok()?;
-    let mut tgid = None;
-    let mut ppid = None;
-    for line in s.lines() {
-        if let Some(v) = line.strip_prefix("Tgid:") {
-            tgid = v.trim().parse().ok();
-        } else if let Some(v) = line.strip_prefix("PPid:") {
-            ppid = v.trim().parse().ok();
-        }
-    }
-    Some((tgid?, ppid?))
-}
 
 #[derive(Debug)]
 pub struct ThreadTx {
@@ -142,9 +39,9 @@ pub enum Start {
     /// Read from /proc by the reaper.
     Known(u64),
     /// Not read yet; the boot-time tick of the begin. A begin does not read
-    /// /proc on its reply path: the ~8 µs it took moved the client to the
-    /// other CPU, whose wake-up its next request then paid (bench/NOTES.md
-    /// 33). The reaper reads it, and a thread that started after the begin's
+    /// /proc on its reply path: the ~8 µs it took was long enough for the
+    /// scheduler to move the waiting client to the other CPU, whose wake-up
+    /// its next request then paid. The reaper reads it, and a thread that started after the begin's
     /// tick is not the thread that began.
     Pending(u64),
 }
@@ -416,7 +313,7 @@ impl TxMap {
     }
 
     /// Registers `root`'s process tree as transaction `tx`, ended by
-    /// `owner`; `starts` from [`tree_starts`], read before (not under the lock).
+    /// `owner`; `starts` from [`super::procfs::tree_starts`], read before (not under the lock).
     pub fn add_tree(&self, root: u32, owner: u32, tx: TxId, starts: (u64, u64)) {
         let mut g = self.inner.lock();
         g.trees.insert(root, TreeTx { tx, root_start: starts.0, owner, owner_start: starts.1 });
@@ -522,182 +419,10 @@ fn tree_of(trees: &HashMap<u32, TreeTx>, tid: u32) -> Option<Option<TxId>> {
     Some(None)
 }
 
-/// Parent process of `pid`.
-pub fn parent_of(pid: u32) -> Option<u32> {
-    tgid_ppid(pid).map(|(_, p)| p)
-}
-
-/// Process (thread group) of thread `tid`.
-pub fn process_of(tid: u32) -> Option<u32> {
-    tgid_ppid(tid).map(|(t, _)| t)
-}
-
-/// `statx` without asking a FUSE daemon (`AT_STATX_DONT_SYNC`: cached
-/// attributes; the device comes from the superblock): safe to call from
-/// the daemon on its own mount. Returns the device.
-fn statx_dev(path: &std::ffi::CStr) -> std::io::Result<u64> {
-    // SAFETY: statx into a zeroed struct.
-    let mut st: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a live struct.
-    let r = unsafe { libc::statx(libc::AT_FDCWD, path.as_ptr(), libc::AT_STATX_DONT_SYNC, libc::STATX_INO, &mut st) };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(libc::makedev(st.stx_dev_major, st.stx_dev_minor))
-}
-
-/// The device of the mount whose source is `source` in the daemon's own
-/// mount table (`txfs:BACKING`: only one daemon serves a backing directory).
-pub fn dev_of_source(source: &str) -> std::io::Result<u64> {
-    let info = read_proc("/proc/self/mountinfo")?;
-    source_dev(&info, source).ok_or_else(|| std::io::Error::other(format!("no mount of {source}")))
-}
-
-/// `\ooo` escapes of a mountinfo field undone.
-fn unescape(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let oct = b.get(i + 1..i + 4).filter(|o| b[i] == b'\\' && o.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match oct.and_then(|o| u8::from_str_radix(std::str::from_utf8(o).ok()?, 8).ok()) {
-            Some(c) => {
-                out.push(c);
-                i += 4;
-            }
-            None => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The device of the first mount in this mountinfo text whose source (the
-/// field after the file system type, past the " - " separator) is `source`.
-fn source_dev(mountinfo: &str, source: &str) -> Option<u64> {
-    mountinfo.lines().find_map(|line| {
-        let (head, tail) = line.split_once(" - ")?;
-        let mut t = tail.split(' ');
-        let (_fstype, src) = (t.next()?, t.next()?);
-        if unescape(src) != source {
-            return None;
-        }
-        let (maj, min) = head.split(' ').nth(2)?.split_once(':')?;
-        Some(libc::makedev(maj.parse().ok()?, min.parse().ok()?))
-    })
-}
-
-/// How process `pid` could reach the file system of device `dev`, mounted
-/// at `point` (as the daemon sees it), other than through a mount of it
-/// that another mount covers (a `txfs run` child whose view is mounted over
-/// the shared mount): a descriptor that survives `exec` (not `O_CLOEXEC`)
-/// on it or below its mount point (`..` climbs out of a mount stacked on
-/// it), its root directory, or a mount of `dev` in its mount namespace with
-/// nothing mounted over it. `None` if none of these; what it found
-/// otherwise. Its working directory is not looked at: the child enters it
-/// again through the view before `exec`, and if that still leaves it on
-/// the shared mount, it sends a request there first (which closes the
-/// gate). Anything /proc cannot tell counts as a way in.
-pub fn way_into(pid: u32, dev: u64, point: &std::path::Path) -> Option<String> {
-    use std::os::unix::ffi::OsStrExt;
-    let inside = |link: &str| -> Result<bool, String> {
-        let c = std::ffi::CString::new(link).map_err(|_| format!("{link}: NUL"))?;
-        if statx_dev(&c).map_err(|e| format!("{link}: {e}"))? == dev {
-            return Ok(true);
-        }
-        let target = std::fs::read_link(link).map_err(|e| format!("{link}: {e}"))?;
-        Ok(target.starts_with(point) && target.as_os_str().as_bytes().first() == Some(&b'/'))
-    };
-    let fds = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
-        Ok(d) => d,
-        Err(e) => return Some(format!("/proc/{pid}/fd: {e}")),
-    };
-    for fd in fds {
-        let n = match fd {
-            Ok(fd) => fd.file_name().to_string_lossy().into_owned(),
-            Err(e) => return Some(format!("/proc/{pid}/fd: {e}")),
-        };
-        let flags = read_proc(&format!("/proc/{pid}/fdinfo/{n}"))
-            .ok()
-            .and_then(|info| info.lines().find_map(|l| l.strip_prefix("flags:")).map(|f| f.trim().to_string()))
-            .and_then(|f| u32::from_str_radix(&f, 8).ok());
-        match flags {
-            Some(f) if f & libc::O_CLOEXEC as u32 != 0 => continue,
-            Some(_) => {}
-            None => return Some(format!("/proc/{pid}/fdinfo/{n}: no flags")),
-        }
-        match inside(&format!("/proc/{pid}/fd/{n}")) {
-            Ok(false) => {}
-            Ok(true) => return Some(format!("it inherits descriptor {n} on this mount")),
-            Err(e) => return Some(e),
-        }
-    }
-    match inside(&format!("/proc/{pid}/root")) {
-        Ok(false) => {}
-        Ok(true) => return Some("its root directory is on this mount".into()),
-        Err(e) => return Some(e),
-    }
-    let info = match read_proc(&format!("/proc/{pid}/mountinfo")) {
-        Ok(t) => t,
-        Err(e) => return Some(format!("/proc/{pid}/mountinfo: {e}")),
-    };
-    uncovered_mount(&info, dev)
-}
-
-/// A mount of `dev` in this mountinfo text that no other mount covers
-/// (mounted on its root at its mount point), or a line that does not
-/// parse: where and why.
-fn uncovered_mount(mountinfo: &str, dev: u64) -> Option<String> {
-    // Fields: mount id, parent id, major:minor, root, mount point, ...
-    let mut mounts = Vec::new();
-    for line in mountinfo.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        let parsed = (|| {
-            let (maj, min) = f.get(2)?.split_once(':')?;
-            let d = libc::makedev(maj.parse().ok()?, min.parse().ok()?);
-            Some((f.first()?.parse::<u64>().ok()?, f.get(1)?.parse::<u64>().ok()?, d, *f.get(4)?))
-        })();
-        match parsed {
-            Some(m) => mounts.push(m),
-            None => return Some(format!("a mountinfo line that does not parse: {line:?}")),
-        }
-    }
-    for &(id, _, d, point) in &mounts {
-        if d == dev && !mounts.iter().any(|&(_, parent, _, p)| parent == id && p == point) {
-            return Some(format!("this mount is also reachable at {point}"));
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn start_time_identifies_this_process() {
-        let me = std::process::id();
-        assert!(start_time(me).is_some());
-        assert_eq!(start_time(me), start_time(me));
-        assert_eq!(process_of(me), Some(me));
-    }
-
-    /// Files past the first buffer come back whole (the growth path), and
-    /// /proc/PID/stat parses as before.
-    #[test]
-    fn read_proc_returns_whole_files() {
-        let dir = std::env::temp_dir().join(format!("txfs-readproc-{}", std::process::id()));
-        let want: String = (0..3000).map(|i| format!("{i} ")).collect();
-        std::fs::write(&dir, &want).unwrap();
-        assert!(want.len() > 8192);
-        assert_eq!(read_proc(dir.to_str().unwrap()).ok().as_deref(), Some(want.as_str()));
-        std::fs::remove_file(&dir).unwrap();
-        let stat = read_proc("/proc/self/stat").unwrap();
-        assert!(stat.ends_with('\n') && stat.starts_with(&format!("{} (", std::process::id())));
-        assert!(read_proc("/proc/self/no-such-file").is_err());
-    }
+    use crate::attribution::procfs::tree_starts;
 
     #[test]
     fn children_belong_to_a_registered_tree() {
@@ -881,34 +606,5 @@ mod tests {
             reaped = map.reap();
         }
         assert_eq!(reaped, vec![TxId(5)]);
-    }
-
-    /// Only a mount of the device with nothing mounted on it at its own
-    /// mount point is a way in.
-    #[test]
-    fn a_covered_mount_is_no_way_in() {
-        let dev = libc::makedev(0, 63);
-        let shared = "24 1 0:63 / /mnt/t rw - fuse.txfs txfs:/b rw\n";
-        let view = "31 24 0:70 / /mnt/t rw - fuse.txfs txfs rw\n";
-        let other = "25 1 8:1 / /home rw - ext4 /dev/sda1 rw\n";
-        assert_eq!(uncovered_mount(&format!("{other}{shared}{view}"), dev), None);
-        assert!(uncovered_mount(&format!("{other}{shared}"), dev).unwrap().contains("/mnt/t"));
-        // A bind mount of it elsewhere, or a mount over a subdirectory only.
-        let bind = "40 1 0:63 /sub /srv/x rw - fuse.txfs txfs:/b rw\n";
-        assert!(uncovered_mount(&format!("{shared}{view}{bind}"), dev).unwrap().contains("/srv/x"));
-        let below = "31 24 0:70 / /mnt/t/sub rw - fuse.txfs txfs rw\n";
-        assert!(uncovered_mount(&format!("{shared}{below}"), dev).is_some());
-        assert!(uncovered_mount("garbage\n", dev).is_some());
-    }
-
-    /// The daemon finds its own mount by source, with mountinfo's escapes.
-    #[test]
-    fn a_mount_is_found_by_its_source() {
-        let info = "24 1 0:63 / /mnt/t rw - fuse.txfs txfs:/var/a\\040b rw\n\
-                    25 1 0:64 / /mnt/u rw - fuse.txfs txfs:/var/a rw\n";
-        assert_eq!(source_dev(info, "txfs:/var/a b"), Some(libc::makedev(0, 63)));
-        assert_eq!(source_dev(info, "txfs:/var/a"), Some(libc::makedev(0, 64)));
-        assert_eq!(source_dev(info, "txfs:/var/c"), None);
-        assert_eq!(unescape("a\\134b\\011"), "a\\b\t");
     }
 }

@@ -13,7 +13,8 @@
 //! Other processes keep seeing the shared mount. Without the view (not
 //! root, an old daemon) requests are attributed by the process tree.
 
-use crate::{ioctl, mounts};
+use crate::attribution::mountinfo;
+use crate::wire;
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::AsRawFd;
@@ -63,13 +64,9 @@ fn relay_signals_to(pid: Option<libc::pid_t>) {
 }
 
 fn run_ioctl(mount: &std::fs::File, pid: u32, op: u32, flags: u32, devfd: i32) -> std::io::Result<()> {
-    let mut arg = [0u8; 16];
-    arg[0..4].copy_from_slice(&pid.to_le_bytes());
-    arg[4..8].copy_from_slice(&op.to_le_bytes());
-    arg[8..12].copy_from_slice(&flags.to_le_bytes());
-    arg[12..16].copy_from_slice(&devfd.to_le_bytes());
-    // SAFETY: RUN reads 16 bytes from arg.
-    if unsafe { libc::ioctl(mount.as_raw_fd(), ioctl::RUN as _, arg.as_ptr()) } != 0 {
+    let arg = wire::Run { pid, op, flags, view_fd: devfd as u32 }.encode();
+    // SAFETY: RUN reads its argument's size from arg, which is that long.
+    if unsafe { libc::ioctl(mount.as_raw_fd(), wire::RUN as _, arg.as_ptr()) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
@@ -136,7 +133,7 @@ impl Drop for View {
 }
 
 pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) -> ExitCode {
-    let point = match mounts::resolve(mount) {
+    let point = match mountinfo::resolve(mount) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("txfs run: {e}");
@@ -159,7 +156,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
     };
     let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     ptrs.push(std::ptr::null());
-    let flags = if ordered { ioctl::COMMIT_ORDERED } else { 0 };
+    let flags = if ordered { wire::COMMIT_ORDERED } else { 0 };
     let want_view = std::env::var_os("TXFS_RUN_VIEW").is_none_or(|v| v != "0")
         // SAFETY: geteuid cannot fail.
         && unsafe { libc::geteuid() } == 0;
@@ -177,7 +174,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
         dir.metadata().map(|m| m.dev()).ok()
     };
     let dir_fd = dir.as_raw_fd();
-    let mut state_buf = [0u8; 16];
+    let mut state_buf = [0u8; wire::State::SIZE];
     const NO_PIN: &[u8] = b"txfs run: cannot tell the daemon that the command may reach the shared mount\n";
     for attempt in 0..=retries {
         let view = if want_view { View::open() } else { None };
@@ -232,7 +229,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                     let mut entered = in_view && cwd_c.as_ref().is_some_and(|c| libc::chdir(c.as_ptr()) == 0);
                     let mut st: libc::stat = std::mem::zeroed();
                     entered &= libc::stat(c".".as_ptr(), &mut st) == 0 && shared_dev.is_some_and(|d| d != st.st_dev);
-                    if !entered && libc::ioctl(dir_fd, ioctl::STATE as _, state_buf.as_mut_ptr()) != 0 {
+                    if !entered && libc::ioctl(dir_fd, wire::STATE as _, state_buf.as_mut_ptr()) != 0 {
                         libc::write(2, NO_PIN.as_ptr().cast(), NO_PIN.len());
                         libc::_exit(EX_SOFTWARE as i32);
                     }
@@ -259,7 +256,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
         let mut registered = Err(std::io::Error::from_raw_os_error(libc::ECHILD));
         if n == 1 && r == b'v' {
             let devfd = view.as_ref().map_or(-1, |v| v.dev);
-            registered = run_ioctl(&dir, pid as u32, ioctl::RUN_BEGIN, ioctl::RUN_VIEW, devfd);
+            registered = run_ioctl(&dir, pid as u32, wire::RUN_BEGIN, wire::RUN_VIEW, devfd);
             if registered.is_err() {
                 send(b'u');
             } else if !view.as_ref().is_some_and(View::served) {
@@ -270,7 +267,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
         }
         drop(view);
         if n == 1 && registered.is_err() {
-            registered = run_ioctl(&dir, pid as u32, ioctl::RUN_BEGIN, 0, -1);
+            registered = run_ioctl(&dir, pid as u32, wire::RUN_BEGIN, 0, -1);
         }
         send(if registered.is_ok() { b'g' } else { b'x' });
         // SAFETY: our end.
@@ -295,7 +292,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
             EX_SOFTWARE as i32
         };
         if code != 0 {
-            let lost = run_ioctl(&dir, pid as u32, ioctl::RUN_ABORT, 0, -1)
+            let lost = run_ioctl(&dir, pid as u32, wire::RUN_ABORT, 0, -1)
                 .is_err_and(|e| e.raw_os_error() == Some(libc::EDEADLK));
             if lost {
                 // It failed because an operation lost a conflict: rerun it.
@@ -309,7 +306,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
             eprintln!("txfs run: command exited with status {code}: transaction aborted");
             return ExitCode::from(code as u8);
         }
-        match run_ioctl(&dir, pid as u32, ioctl::RUN_COMMIT, flags, -1) {
+        match run_ioctl(&dir, pid as u32, wire::RUN_COMMIT, flags, -1) {
             Ok(()) => return ExitCode::SUCCESS,
             Err(e) if e.raw_os_error() == Some(libc::EDEADLK) => {
                 if attempt < retries {

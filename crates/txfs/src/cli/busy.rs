@@ -6,7 +6,7 @@
 //! path but the same device. Stats use `AT_STATX_DONT_SYNC`, so looking
 //! never sends a request to any FUSE daemon (ours, or a hung one).
 
-use std::ffi::CString;
+use crate::attribution::{mountinfo, procfs};
 use std::path::Path;
 
 /// The mount's device and its root's inode.
@@ -17,20 +17,9 @@ pub struct Ident {
     pub root_ino: u64,
 }
 
-/// Device and inode of `path` (following links, as /proc's magic links
-/// are followed), as the kernel has them cached.
+/// Device and inode of `path`, as the kernel has them cached.
 fn ident_of(path: &Path) -> Option<(u32, u32, u64)> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: valid C string; statx fills `st`.
-    let r =
-        unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_STATX_DONT_SYNC, libc::STATX_INO, st.as_mut_ptr()) };
-    if r != 0 {
-        return None;
-    }
-    // SAFETY: statx succeeded.
-    let st = unsafe { st.assume_init() };
-    Some((st.stx_dev_major, st.stx_dev_minor, st.stx_ino))
+    procfs::dev_ino(path).ok()
 }
 
 pub fn ident(point: &Path) -> Option<Ident> {
@@ -57,6 +46,7 @@ pub fn scan(id: Ident) -> Holders {
         if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
             continue;
         }
+        let Ok(pid_n) = pid.parse::<u32>() else { continue };
         let base = p.path();
         let comm = std::fs::read_to_string(base.join("comm")).unwrap_or_default();
         let who = |what: String| format!("pid {pid} ({}): {what}", comm.trim());
@@ -67,13 +57,13 @@ pub fn scan(id: Ident) -> Holders {
                 h.other.push(who(format!("{link} {}", target.display())));
             }
         }
-        if let Ok(fds) = std::fs::read_dir(base.join("fd")) {
-            for fd in fds.flatten() {
-                let Some((_, _, ino)) = ours(&fd.path()) else { continue };
-                let name = fd.file_name().to_string_lossy().into_owned();
-                let target = std::fs::read_link(fd.path()).unwrap_or_default();
-                if ino == id.root_ino && kept_mark(&base.join("fdinfo").join(&name)) {
-                    h.kept.push(fd.path());
+        if let Ok(fds) = procfs::fds(pid_n) {
+            for name in fds.flatten() {
+                let path = base.join("fd").join(&name);
+                let Some((_, _, ino)) = ours(&path) else { continue };
+                let target = std::fs::read_link(&path).unwrap_or_default();
+                if ino == id.root_ino && procfs::fd_flags(pid_n, &name).is_some_and(kept_mark) {
+                    h.kept.push(path);
                 } else {
                     h.other.push(who(format!("descriptor {name} ({})", target.display())));
                 }
@@ -92,32 +82,22 @@ pub fn scan(id: Ident) -> Holders {
 
 /// The descriptor's flags (fdinfo) carry libtxfs's mark: read-only,
 /// O_DIRECTORY, O_DSYNC.
-fn kept_mark(fdinfo: &Path) -> bool {
-    let flags = std::fs::read_to_string(fdinfo)
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("flags:").map(|v| i64::from_str_radix(v.trim(), 8))))
-        .and_then(Result::ok);
-    let mark = (libc::O_DSYNC | libc::O_DIRECTORY) as i64;
-    flags.is_some_and(|f| f & mark == mark && f & libc::O_ACCMODE as i64 == libc::O_RDONLY as i64)
+fn kept_mark(flags: u32) -> bool {
+    let mark = (libc::O_DSYNC | libc::O_DIRECTORY) as u32;
+    flags & mark == mark && flags & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32
 }
 
 /// Other mounts that a detach of `point` would take along or cut off: the
 /// same device mounted elsewhere (bind mounts), and mounts inside it.
 pub fn entangled_mounts(point: &Path, id: Ident) -> Vec<String> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
-    let dev = format!("{}:{}", id.major, id.minor);
+    let info = mountinfo::own();
     let mut out = Vec::new();
-    for line in info.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        if f.len() < 5 {
-            continue;
-        }
-        let at = crate::mounts::unescape(f[4]);
-        let at = Path::new(&at);
+    for m in mountinfo::entries(&info) {
+        let at = m.point.as_path();
         if at == point {
             continue;
         }
-        if f[2] == dev {
+        if (m.major, m.minor) == (id.major, id.minor) {
             out.push(format!("it is also mounted at {}", at.display()));
         } else if at.starts_with(point) {
             out.push(format!("{} is mounted inside it", at.display()));

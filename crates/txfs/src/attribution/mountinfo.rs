@@ -1,0 +1,202 @@
+//! The mount table (/proc/PID/mountinfo), parsed in one place.
+//!
+//! Three users read it: the CLI finds txfs mounts by file system type and
+//! source ([`find`], [`resolve`]); the daemon finds its own mount's device
+//! by its source `txfs:BACKING` ([`source_dev`]) and whether a `txfs run`
+//! tree's namespace has the shared mount uncovered ([`uncovered`]); `txfs
+//! umount` looks for bind mounts and mounts inside the one it detaches.
+//! Each line is one [`Entry`]; fields are unescaped once, here
+//! ([`unescape`]: the kernel writes a space in a path as `\040`).
+
+use std::path::{Path, PathBuf};
+
+pub const FSTYPE: &str = "fuse.txfs";
+
+/// One mount: a line of mountinfo (proc(5)), with its paths and source
+/// unescaped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub id: u64,
+    pub parent: u64,
+    /// The device (major, minor) of the mounted file system.
+    pub major: u32,
+    pub minor: u32,
+    /// Where the mount is, as the reader of this mountinfo sees it.
+    pub point: PathBuf,
+    pub fstype: String,
+    pub source: String,
+}
+
+impl Entry {
+    pub fn dev(&self) -> u64 {
+        libc::makedev(self.major, self.minor)
+    }
+
+    /// A line of mountinfo; `None` if it does not parse. Fields: mount
+    /// id, parent id, major:minor, root, mount point, options, optional
+    /// fields, then past " - ": file system type, source, options.
+    pub fn parse(line: &str) -> Option<Entry> {
+        let (head, tail) = line.split_once(" - ")?;
+        let f: Vec<&str> = head.split(' ').collect();
+        let (major, minor) = f.get(2)?.split_once(':')?;
+        let mut t = tail.split(' ');
+        Some(Entry {
+            id: f.first()?.parse().ok()?,
+            parent: f.get(1)?.parse().ok()?,
+            major: major.parse().ok()?,
+            minor: minor.parse().ok()?,
+            point: PathBuf::from(unescape(f.get(4)?)),
+            fstype: t.next()?.to_string(),
+            source: unescape(t.next()?),
+        })
+    }
+}
+
+/// The mounts of a mountinfo text, skipping lines that do not parse.
+pub fn entries(mountinfo: &str) -> impl Iterator<Item = Entry> + '_ {
+    mountinfo.lines().filter_map(Entry::parse)
+}
+
+/// A txfs mount: where it is and what it serves.
+#[derive(Debug, Clone)]
+pub struct Mount {
+    pub point: PathBuf,
+    /// The `fsname` (`txfs:BACKING`).
+    pub source: String,
+}
+
+impl Mount {
+    pub fn backing(&self) -> Option<PathBuf> {
+        self.source.strip_prefix("txfs:").map(PathBuf::from)
+    }
+}
+
+/// Decodes mountinfo's octal escapes (`\040` for a space); anything else,
+/// including a backslash not followed by an octal byte, is kept as it is.
+pub fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b.get(i + 1..i + 4).filter(|o| b[i] == b'\\' && o.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct.and_then(|o| u8::from_str_radix(std::str::from_utf8(o).ok()?, 8).ok()) {
+            Some(c) => {
+                out.push(c);
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The txfs mounts of a mountinfo text (also those mounted as plain
+/// "fuse" with source `txfs:BACKING`).
+pub fn parse(mountinfo: &str) -> Vec<Mount> {
+    entries(mountinfo)
+        .filter(|e| e.fstype == FSTYPE || (e.fstype == "fuse" && e.source.starts_with("txfs:")))
+        .map(|e| Mount { point: e.point, source: e.source })
+        .collect()
+}
+
+/// The device of the first mount in this mountinfo text whose source is
+/// `source`.
+pub fn source_dev(mountinfo: &str, source: &str) -> Option<u64> {
+    entries(mountinfo).find(|e| e.source == source).map(|e| e.dev())
+}
+
+/// A mount of `dev` in this mountinfo text that no other mount covers
+/// (mounted on its root at its mount point), or a line that does not
+/// parse: where and why.
+pub fn uncovered(mountinfo: &str, dev: u64) -> Option<String> {
+    let mut mounts = Vec::new();
+    for line in mountinfo.lines() {
+        match Entry::parse(line) {
+            Some(m) => mounts.push(m),
+            None => return Some(format!("a mountinfo line that does not parse: {line:?}")),
+        }
+    }
+    for m in &mounts {
+        if m.dev() == dev && !mounts.iter().any(|o| o.parent == m.id && o.point == m.point) {
+            return Some(format!("this mount is also reachable at {}", m.point.display()));
+        }
+    }
+    None
+}
+
+/// This process's mount table (empty if it cannot be read).
+pub fn own() -> String {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()
+}
+
+pub fn all() -> Vec<Mount> {
+    parse(&own())
+}
+
+pub fn find(point: &Path) -> Option<Mount> {
+    let want = point.canonicalize().unwrap_or_else(|_| point.to_path_buf());
+    all().into_iter().find(|m| m.point == want)
+}
+
+/// `$TXFS_MOUNT`, else the only txfs mount.
+pub fn resolve(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("TXFS_MOUNT") {
+        return Ok(PathBuf::from(p));
+    }
+    let all = all();
+    match all.len() {
+        1 => Ok(all[0].point.clone()),
+        0 => Err("no txfs mount found (mount one, or set TXFS_MOUNT)".into()),
+        n => Err(format!("{n} txfs mounts: say which with --mount or TXFS_MOUNT")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_txfs_mounts_with_escaped_names() {
+        let info = "36 35 98:0 / /mnt1 rw,noatime master:1 - ext3 /dev/root rw\n\
+                    40 22 0:45 / /tmp/my\\040mnt rw,nosuid - fuse.txfs txfs:/srv/back\\040ing rw,user_id=0\n";
+        let m = parse(info);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].point, PathBuf::from("/tmp/my mnt"));
+        assert_eq!(m[0].backing(), Some(PathBuf::from("/srv/back ing")));
+    }
+
+    /// Only a mount of the device with nothing mounted on it at its own
+    /// mount point is a way in.
+    #[test]
+    fn a_covered_mount_is_no_way_in() {
+        let dev = libc::makedev(0, 63);
+        let shared = "24 1 0:63 / /mnt/t rw - fuse.txfs txfs:/b rw\n";
+        let view = "31 24 0:70 / /mnt/t rw - fuse.txfs txfs rw\n";
+        let other = "25 1 8:1 / /home rw - ext4 /dev/sda1 rw\n";
+        assert_eq!(uncovered(&format!("{other}{shared}{view}"), dev), None);
+        assert!(uncovered(&format!("{other}{shared}"), dev).unwrap().contains("/mnt/t"));
+        // A bind mount of it elsewhere, or a mount over a subdirectory only.
+        let bind = "40 1 0:63 /sub /srv/x rw - fuse.txfs txfs:/b rw\n";
+        assert!(uncovered(&format!("{shared}{view}{bind}"), dev).unwrap().contains("/srv/x"));
+        let below = "31 24 0:70 / /mnt/t/sub rw - fuse.txfs txfs rw\n";
+        assert!(uncovered(&format!("{shared}{below}"), dev).is_some());
+        assert!(uncovered("garbage\n", dev).is_some());
+    }
+
+    /// The daemon finds its own mount by source, with mountinfo's escapes.
+    #[test]
+    fn a_mount_is_found_by_its_source() {
+        let info = "24 1 0:63 / /mnt/t rw - fuse.txfs txfs:/var/a\\040b rw\n\
+                    25 1 0:64 / /mnt/u rw - fuse.txfs txfs:/var/a rw\n";
+        assert_eq!(source_dev(info, "txfs:/var/a b"), Some(libc::makedev(0, 63)));
+        assert_eq!(source_dev(info, "txfs:/var/a"), Some(libc::makedev(0, 64)));
+        assert_eq!(source_dev(info, "txfs:/var/c"), None);
+        assert_eq!(unescape("a\\134b\\011"), "a\\b\t");
+    }
+}

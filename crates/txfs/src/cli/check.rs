@@ -1,0 +1,31 @@
+//! `txfs check`: offline, verify BACKING's journal and its references
+//! into BACKING; changes nothing.
+
+use super::Progress;
+use std::path::Path;
+use txfs_engine::storage::RealFs;
+
+pub fn check(backing: &Path, progress: bool) -> Result<bool, String> {
+    let fs = RealFs::open(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
+    let rep = {
+        let _progress = Progress::start("check", backing, progress);
+        txfs_engine::check(&fs).map_err(|e| e.to_string())?
+    };
+    for j in &rep.journals {
+        println!("{}: {} committed records, {} bytes", j.path.display(), j.records, j.valid_bytes);
+        if let Some((at, why)) = &j.cut {
+            if why.starts_with(txfs_engine::journal::STALE_END) {
+                println!("  records end at offset {at} ({why}): recovery will cut it there");
+            } else {
+                println!("  torn tail at offset {at} ({why}): recovery will cut it there");
+            }
+        }
+    }
+    if let Some(p) = &rep.plan {
+        println!("{}: an interrupted checkpoint; the next mount or `txfs recover` finishes it", p.display());
+    }
+    for p in &rep.problems {
+        println!("DAMAGE: {p}");
+    }
+    Ok(rep.problems.is_empty())
+}

@@ -1,0 +1,94 @@
+//! `txfs status`: the mount's counters (TXFS_IOC_STATUS and
+//! TXFS_IOC_CACHE), once, as JSON, or as rates every few seconds.
+
+use super::human;
+use crate::wire;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::time::Duration;
+use txfs_engine::Options;
+
+/// An answer of `N` bytes from the mount with ioctl `cmd` through `dir`.
+fn ask<const N: usize>(dir: &std::fs::File, cmd: u32) -> std::io::Result<[u8; N]> {
+    let mut buf = [0u8; N];
+    // SAFETY: `cmd` writes its argument's size, N, into buf.
+    if unsafe { libc::ioctl(dir.as_raw_fd(), cmd as _, buf.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(buf)
+}
+
+/// The mount's counters (TXFS_IOC_STATUS) under their field names, plus
+/// what follows from them.
+pub(super) fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'static str, u64)>, String> {
+    let buf = ask::<{ wire::Status::SIZE }>(dir, wire::STATUS)
+        .map_err(|e| format!("{}: not a txfs mount? ({e})", point.display()))?;
+    let s = wire::Status::decode(&buf);
+    let mut out: Vec<(&'static str, u64)> = vec![
+        ("commits", s.commits),
+        ("aborts", s.aborts),
+        ("conflicts", s.conflicts),
+        ("live_txs", s.live_txs),
+        ("journal_bytes", s.journal_bytes),
+        ("journal_syncs", s.journal_syncs),
+        ("checkpoints", s.checkpoints),
+        ("last_seq", s.last_seq),
+    ];
+    // The journal file starts with its header; the rest is committed
+    // records that the next checkpoint applies to BACKING (it starts a
+    // new, empty journal file).
+    out.push(("checkpoint_lag", s.journal_bytes.saturating_sub(txfs_engine::journal::FILE_HEADER_LEN)));
+    out.push(("checkpoint_threshold", Options::default().checkpoint_bytes));
+    // The kernel cache gate (daemons before it answer ENOTTY: left out).
+    if let Ok(buf) = ask::<{ wire::Cache::SIZE }>(dir, wire::CACHE) {
+        let c = wire::Cache::decode(&buf);
+        out.push(("kernel_cache_open", c.open));
+        out.push(("cached_replies", c.cached_replies));
+        out.push(("cache_closes", c.closes));
+        out.push(("lookup_getattr_requests", c.attr_requests));
+    }
+    Ok(out)
+}
+
+pub fn status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), String> {
+    let dir = std::fs::File::open(point).map_err(|e| format!("{}: {e}", point.display()))?;
+    let vals = read_status(&dir, point)?;
+    if json {
+        let obj: serde_json::Map<String, serde_json::Value> =
+            vals.iter().map(|(n, v)| (n.to_string(), serde_json::Value::from(*v))).collect();
+        println!("{}", serde_json::Value::Object(obj));
+    } else if watch.is_none() {
+        println!("{}", point.display());
+        for (n, v) in &vals {
+            let unit = if n.contains("bytes") || n.starts_with("checkpoint_") {
+                format!("  ({})", human(*v))
+            } else {
+                String::new()
+            };
+            println!("  {n:<21}{v}{unit}");
+        }
+    }
+    let Some(every) = watch else { return Ok(()) };
+    let every = Duration::from_secs_f64(every.max(0.05));
+    println!(
+        "{:>10} {:>9} {:>8} {:>9} {:>5} {:>11} {:>11}",
+        "commits/s", "aborts/s", "confl/s", "syncs/s", "live", "ckpt_lag", "checkpoints"
+    );
+    let mut prev = vals;
+    loop {
+        std::thread::sleep(every);
+        let now = read_status(&dir, point)?;
+        let rate = |i: usize| (now[i].1.saturating_sub(prev[i].1)) as f64 / every.as_secs_f64();
+        println!(
+            "{:>10.0} {:>9.0} {:>8.0} {:>9.0} {:>5} {:>11} {:>11}",
+            rate(0),
+            rate(1),
+            rate(2),
+            rate(5),
+            now[3].1,
+            human(now[8].1),
+            now[6].1
+        );
+        prev = now;
+    }
+}

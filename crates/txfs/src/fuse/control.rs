@@ -1,0 +1,249 @@
+//! The control plane: the ioctls of `clients/c/txfs.h`, decoded and
+//! answered in the layouts of [`crate::wire`].
+//!
+//! Thread transactions (`fs_tx_begin`, nested by depth), process-tree
+//! transactions (`txfs run`, with or without a view), durable and ordered
+//! commits, `txfs status` counters. Each ioctl returns its reply bytes and
+//! the node ids whose cached pages must go before the caller hears of it
+//! (a commit's changes).
+
+use super::{errno, TxFs};
+use crate::attribution::procfs;
+use crate::wire;
+use fuser::{Errno, INodeNo, Request};
+use std::sync::atomic::Ordering;
+use txfs_engine::{Durability, Error, FileKind, TxId};
+
+impl TxFs {
+    /// STATE's answer for thread `tid`.
+    fn state(&self, tid: u32) -> wire::State {
+        let (tx, depth) = self.state_of(tid);
+        wire::State { tx: tx.map_or(0, |t| t.0), depth, reserved: 0 }
+    }
+
+    /// Runs one ioctl; returns the reply data and the files whose cached
+    /// pages must go before the reply.
+    pub(super) fn ioctl_cmd(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        cmd: u32,
+        data: &[u8],
+    ) -> Result<(Vec<u8>, Vec<INodeNo>), Errno> {
+        let tid = req.pid();
+        let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
+        // A process of a `txfs run` whose view left the gate open: shut it.
+        let _ = self.tx(req);
+        match cmd {
+            wire::BEGIN | wire::BEGIN_STATE | wire::BEGIN_FILE => {
+                // BEGIN_STATE only, before the begin: how the caller's
+                // transaction of its own that it asks about (0: its last)
+                // ended, and the transaction it was in (a `txfs run` tree's
+                // or view's too, which it joins at depth 1 without owning).
+                let before = (cmd != wire::BEGIN).then(|| {
+                    let ask = wire::BeginState::decode(data).last_tx;
+                    let last = self.txs.outcome(tid, (ask != 0).then_some(TxId(ask)));
+                    (last, self.view().or(self.state_of(tid).0))
+                });
+                if let Some(view) = self.view() {
+                    // Nests into the view's transaction, whoever asks.
+                    self.txs.join(tid, view);
+                } else {
+                    let engine = &self.engine;
+                    let tx = self.gate.close_then(self.notifier(), || self.txs.begin(tid, || engine.begin()));
+                    tracing::debug!(tid, %tx, "begin");
+                }
+                let Some((last, prior)) = before else { return Ok((Vec::new(), Vec::new())) };
+                let state = self.state(tid);
+                let (last_tx, committed) = last.map_or((0, false), |(tx, c)| (tx.0, c));
+                let bs = wire::BeginState {
+                    tx: state.tx,
+                    depth: state.depth,
+                    last_committed: u32::from(committed),
+                    last_tx,
+                    prior_tx: prior.map_or(0, |p| p.0),
+                };
+                if cmd != wire::BEGIN_FILE {
+                    return Ok((bs.encode(), Vec::new()));
+                }
+                // Then the file's size, bytes 24..40 and whether they are
+                // there (a regular file at least 40 bytes long, read without
+                // error). Read in the new transaction, so both are in its
+                // read set, exactly as the GETATTR and READ they replace
+                // would be.
+                let mut bf = wire::BeginFile { bs, ..wire::BeginFile::default() };
+                let tx = self.tx(req);
+                let o = self.obj(ino);
+                if let Ok(a) = self.engine.getattr(tx, o) {
+                    if a.kind == FileKind::File && a.size >= 40 {
+                        if let Ok(head) = self.engine.read(tx, o, 24, 16) {
+                            if let Ok(head) = <[u8; 16]>::try_from(&head[..]) {
+                                bf.size = a.size;
+                                bf.head = head;
+                                bf.file_valid = 1;
+                            }
+                        }
+                    }
+                }
+                Ok((bf.encode(), Vec::new()))
+            }
+            wire::COMMIT | wire::COMMIT_IF => {
+                let arg = wire::CommitIf::decode(data);
+                let flags = arg.flags;
+                let durability =
+                    if flags & wire::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
+                match self.txs.thread(tid) {
+                    None if cmd == wire::COMMIT_IF => return Err(Errno::from_i32(libc::ESTALE)),
+                    None => return Err(Errno::from_i32(libc::EINVAL)),
+                    // Not the transaction the caller's level lived in (it
+                    // ended, and another began): leave it alone.
+                    Some((tx, _, _)) if cmd == wire::COMMIT_IF && tx.0 != arg.tx => {
+                        return Err(Errno::from_i32(libc::ESTALE))
+                    }
+                    Some(_) => {}
+                }
+                match self.txs.end(tid) {
+                    Some((tx, true)) => {
+                        let (r, pages) = self.end_tx(tx, Some(durability));
+                        self.txs.ended(tid, tx, r.is_ok());
+                        match r {
+                            Ok(()) => Ok((Vec::new(), pages)),
+                            Err(err) => {
+                                tracing::info!(tid, %tx, "commit failed: {err}");
+                                self.after(pages, || {});
+                                Err(errno(&err))
+                            }
+                        }
+                    }
+                    _ => Ok((Vec::new(), Vec::new())),
+                }
+            }
+            wire::ABORT => match self.txs.drop_thread(tid) {
+                Some((tx, owned)) => {
+                    // Inside a tree transaction an abort dooms the whole tree.
+                    let (_, pages) = self.end_tx(tx, None);
+                    if owned {
+                        self.txs.ended(tid, tx, false);
+                    }
+                    Ok((Vec::new(), pages))
+                }
+                None => Err(Errno::from_i32(libc::EINVAL)),
+            },
+            wire::SYNC => e(self.engine.sync()).map(|_| (Vec::new(), Vec::new())),
+            wire::RUN => {
+                let wire::Run { pid, op, flags, view_fd } = wire::Run::decode(data);
+                let caller = procfs::process_of(tid).ok_or(Errno::from_i32(libc::ESRCH))?;
+                match op {
+                    wire::RUN_BEGIN => {
+                        // Only the parent may make a process tree a transaction.
+                        if procfs::parent_of(pid) != Some(caller) {
+                            return Err(Errno::from_i32(libc::EPERM));
+                        }
+                        if self.txs.tree(pid).is_some() {
+                            return Err(Errno::from_i32(libc::EEXIST));
+                        }
+                        if self.view().is_some() {
+                            // `txfs run` inside `txfs run`: the view is already one transaction.
+                            return Err(Errno::from_i32(libc::EBUSY));
+                        }
+                        let Some(starts) = procfs::tree_starts(pid, caller) else {
+                            tracing::warn!(pid, caller, "cannot read the start times of a process tree in /proc");
+                            return Err(Errno::from_i32(libc::EAGAIN));
+                        };
+                        // TXFS_NO_VIEWS=1: serve none (as daemons before views did).
+                        // Only for root: a view is served without the daemon
+                        // checking permissions (the kernel does, by the mount's
+                        // default_permissions, which only root's mount guarantees).
+                        let views_allowed = self.config.views;
+                        let with_view = flags & wire::RUN_VIEW != 0 && req.uid() == 0 && views_allowed;
+                        // A tree that reaches this mount only through its view
+                        // (or by requests, which pin the gate) leaves it open.
+                        let escape = if with_view { self.way_in(pid) } else { Some("no view".into()) };
+                        let begin = || {
+                            let tx = self.engine.begin();
+                            self.txs.add_tree(pid, caller, tx, starts);
+                            tx
+                        };
+                        let tx = match &escape {
+                            None => self.gate.begin_free(begin),
+                            Some(_) => self.gate.close_then(self.notifier(), begin),
+                        };
+                        if let Some(why) = escape.as_deref().filter(|_| with_view) {
+                            tracing::info!(pid, %tx, "the kernel stops caching while this run lives: {why}");
+                        }
+                        if with_view {
+                            let devfd = view_fd as i32;
+                            if let Err(e) = self.serve_view(caller, devfd, tx) {
+                                tracing::warn!(pid, %tx, "cannot serve a transaction view: {e}");
+                                self.txs.remove_tree(pid);
+                                let (_, pages) = self.end_tx(tx, None);
+                                self.after(pages, || {});
+                                return Err(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
+                            }
+                        }
+                        tracing::info!(pid, %tx, "process tree transaction begins");
+                        Ok((Vec::new(), Vec::new()))
+                    }
+                    wire::RUN_COMMIT | wire::RUN_ABORT if self.view().is_some() => Err(Errno::from_i32(libc::EBUSY)),
+                    wire::RUN_COMMIT | wire::RUN_ABORT => {
+                        let (tx, owner) = self.txs.tree(pid).ok_or(Errno::from_i32(libc::ENOENT))?;
+                        if owner != caller {
+                            return Err(Errno::from_i32(libc::EPERM));
+                        }
+                        self.txs.remove_tree(pid);
+                        if op == wire::RUN_ABORT {
+                            // EDEADLK tells `txfs run` that the command failed
+                            // because it lost a conflict: worth a rerun.
+                            let doomed = self.engine.is_doomed(tx);
+                            let (_, pages) = self.end_tx(tx, None);
+                            tracing::info!(pid, %tx, doomed, "process tree transaction aborted");
+                            // NB: the pages are dropped before the reply only on success.
+                            self.after(pages, || {});
+                            return if doomed {
+                                Err(Errno::from_i32(libc::EDEADLK))
+                            } else {
+                                Ok((Vec::new(), Vec::new()))
+                            };
+                        }
+                        let d =
+                            if flags & wire::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
+                        let (r, pages) = self.end_tx(tx, Some(d));
+                        match r {
+                            Ok(()) => {
+                                tracing::info!(pid, %tx, "process tree transaction committed");
+                                Ok((Vec::new(), pages))
+                            }
+                            Err(err) => {
+                                tracing::info!(pid, %tx, "process tree commit failed: {err}");
+                                self.after(pages, || {});
+                                Err(errno(&err))
+                            }
+                        }
+                    }
+                    _ => Err(Errno::EINVAL),
+                }
+            }
+            wire::STATUS => {
+                let s = self.engine.stats();
+                let status = wire::Status {
+                    commits: s.commits,
+                    aborts: s.aborts,
+                    conflicts: s.conflicts,
+                    live_txs: s.live_txs,
+                    journal_bytes: s.journal_bytes,
+                    journal_syncs: s.journal_syncs,
+                    checkpoints: s.checkpoints,
+                    last_seq: s.last_seq,
+                };
+                Ok((status.encode(), Vec::new()))
+            }
+            wire::CACHE => {
+                let [open, cached_replies, closes] = self.shared_gate().counters();
+                let attr_requests = self.attr_requests.load(Ordering::Relaxed);
+                Ok((wire::Cache { open, cached_replies, closes, attr_requests }.encode(), Vec::new()))
+            }
+            wire::STATE => Ok((self.state(tid).encode(), Vec::new())),
+            _ => Err(Errno::from_i32(libc::ENOTTY)),
+        }
+    }
+}

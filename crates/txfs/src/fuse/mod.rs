@@ -1,0 +1,484 @@
+//! The FUSE adapter: kernel requests in, engine calls out.
+//!
+//! ## Kernel caches (SPEC §6): the policy of this version
+//! Correctness first. While any transaction is live, every entry and
+//! attribute is returned with a zero TTL, so every stat and path walk
+//! reaches the daemon and gets the view of the caller's transaction (and
+//! enters its read set). While none is live, the committed state is the
+//! only view and entries and attributes are cached for a second
+//! ([`CacheGate`]; the first begin drops them all before it returns).
+//! Every handle is `FOPEN_DIRECT_IO`: `read` and
+//! `write` always reach the daemon, which answers with the caller's view,
+//! so a transaction reads its own writes through any descriptor, even one
+//! opened before it began.
+//!
+//! The page cache is used only by `mmap` (`FUSE_DIRECT_IO_ALLOW_MMAP`),
+//! and isolation there comes from node ids ([`Private`]): a transaction
+//! knows every existing regular file it looks up by a *private* node id,
+//! so the kernel keeps a separate inode — and page cache — for it that no
+//! other process can reach. Page faults on a private node get its
+//! transaction's view (it maps its own writes; git maps files it has just
+//! written); faults on a shared node get the committed state (told apart
+//! from direct reads by the lock owner the kernel attaches to direct reads
+//! only), except for files the faulting transaction created, which nobody
+//! else can reach. Commits drop the cached pages of every node id of the
+//! files they changed, and a transaction's end drops its private nodes'
+//! pages, before the caller is answered.
+//!
+//! Consequences (README "Known limits"):
+//! * a descriptor opened *before* a transaction began is on a node of
+//!   another view: its mappings show the committed state (its `read(2)`
+//!   still sees the transaction's writes);
+//! * inside a transaction, `st_ino` of existing files differs from the
+//!   one other processes see (a private node id);
+//! * writes through a shared writable mapping are not transactional: the
+//!   kernel writes them back later (`FUSE_WRITE_CACHE`), and they are
+//!   applied then as plain writes — never into a transaction.
+//!
+//! Invalidation never runs on a request thread: `inval_inode` locks the
+//! file's folios, and a page fault holds one while its READ waits for a
+//! free worker. A dedicated thread invalidates, then sends the reply.
+//!
+//! POSIX byte-range locks and flock are left to the kernel (no lock
+//! handlers), which implements them locally as on any file system.
+//!
+//! ## Rooms
+//! * [`ops`]: the `Filesystem` implementation, one kernel request each;
+//!   every one asks this module whose view it is ([`TxFs::tx`]) and
+//!   answers through the cache gate.
+//! * [`cache_gate`]: when the kernel may cache entries and attributes.
+//! * [`nodes`]: kernel node ids, the transaction-private ones among them.
+//! * [`views`]: `txfs run`'s transaction views, each served as a session
+//!   of its own.
+//! * [`control`]: the ioctl control plane (begin, commit, abort, run,
+//!   status), decoding and encoding [`crate::wire`].
+//!
+//! This module holds what they share: the [`TxFs`] state, the end of a
+//! transaction ([`end_tx`]) and the invalidation thread that drops cached
+//! pages before a reply is sent.
+mod cache_gate;
+mod control;
+mod nodes;
+mod ops;
+mod views;
+
+pub use cache_gate::CacheGate;
+use cache_gate::TTL;
+use nodes::{all_ids, is_private, shared_id, Paged, Private};
+use views::{ViewLink, Views};
+
+use crate::attribution::txmap::TxMap;
+use crate::config::Config;
+use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, INodeNo, Request, TimeOrNow};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use txfs_engine::{Attr, DirEntry, Durability, Engine, Error, FileKind, ObjId, Timestamp, TxId};
+struct Handle {
+    obj: ObjId,
+    /// The transaction the opener was in: used when a request carries no
+    /// caller (pid 0).
+    tx: Option<TxId>,
+    append: bool,
+    /// Opened for writing (`TXFS_IOC_BATCH` needs it).
+    writable: bool,
+    /// A batch handle (`TXFS_IOC_BATCH`): each WRITE through it carries
+    /// several writes to its file ([`crate::wire::parse_batch`]).
+    batch: bool,
+}
+
+/// Which session a [`TxFs`] serves.
+enum Role {
+    /// The mount everyone shares: a request is its caller's transaction's,
+    /// or a private node's owner's, or plain.
+    Shared(SharedMount),
+    /// The transaction view of a `txfs run` (its own FUSE connection,
+    /// mounted over the mount point in the command's mount namespace):
+    /// every request on it is `tx`'s, whoever sends it. `shared_gate` is
+    /// the shared mount's cache gate.
+    View { tx: TxId, shared_gate: Arc<CacheGate> },
+}
+
+/// What only the shared mount has. A view has no private node ids (every
+/// node is its transaction's), serves no views, and never invalidates
+/// (nothing but its transaction changes what it shows).
+struct SharedMount {
+    /// Set once the session exists; used to drop stale kernel pages.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    invalidator: Mutex<std::sync::mpsc::Sender<Deferred>>,
+    private: Arc<Mutex<Private>>,
+    /// The transaction views this mount serves.
+    views: Views,
+    /// Node ids whose pages the kernel may cache (see [`Paged`]).
+    paged: Arc<Paged>,
+    /// Where this mount is mounted, as the daemon sees it.
+    point: PathBuf,
+    /// This mount's device (`way_in`), read at the first run.
+    dev: std::sync::OnceLock<u64>,
+}
+
+/// One FUSE session's file system: the shared mount, or a `txfs run`
+/// transaction view of it ([`Role`]). Both serve the same engine.
+pub struct TxFs {
+    pub engine: Arc<Engine>,
+    pub txs: Arc<TxMap>,
+    backing: PathBuf,
+    handles: Mutex<HashMap<FileHandle, Handle>>,
+    /// Open directory handles: the listing as the opener saw it, and whose view.
+    dirs: Mutex<HashMap<FileHandle, DirSnapshot>>,
+    next_fh: AtomicU64,
+    /// Kernel caching while no transaction is live.
+    pub gate: Arc<CacheGate>,
+    /// The shared mount, or a `txfs run` transaction view.
+    role: Role,
+    /// LOOKUP and GETATTR requests served (`txfs status`).
+    attr_requests: AtomicU64,
+    /// The daemon's knobs, read once at its start.
+    config: Arc<Config>,
+}
+
+/// An open directory's transaction (of the opener) and its listing, taken at
+/// the first readdir. NB: not at opendir: the client libraries open the
+/// mount root to send every ioctl, and a listing read there would enter the
+/// transaction's read set (a spurious conflict with any create in the root)
+/// and fail in a doomed transaction (so its ABORT could never be sent).
+type DirSnapshot = (Option<TxId>, Option<Arc<Vec<DirEntry>>>);
+
+/// Nodes whose cached pages must go, and the reply to send after.
+type Deferred = (Vec<INodeNo>, Box<dyn FnOnce() + Send>);
+
+/// Ends `tx` — commits it with `Some(durability)`, else aborts it — and
+/// returns the node ids whose cached pages must go before anyone hears of
+/// it: every id of the files a commit changed, and the transaction's own
+/// private nodes either way (their pages hold its view).
+/// A transaction that left the gate open shuts it for its commit (`notifier`
+/// drops the attributes cached meanwhile).
+/// `private` and `views` are the shared mount's (`None` in a view).
+fn end_tx(
+    engine: &Engine,
+    private: Option<&Mutex<Private>>,
+    gate: &CacheGate,
+    notifier: Option<&fuser::Notifier>,
+    views: Option<&Mutex<HashMap<TxId, ViewLink>>>,
+    tx: TxId,
+    commit: Option<Durability>,
+) -> (Result<(), Error>, Vec<INodeNo>) {
+    let own: Vec<INodeNo> = private.and_then(|p| p.lock().of_tx.remove(&tx)).unwrap_or_default();
+    let (r, changed) = match commit {
+        Some(d) => {
+            gate.pin(tx, notifier);
+            match engine.commit_changes(tx, d) {
+                Ok(changed) => (Ok(()), changed),
+                Err(e) => (Err(e), Vec::new()),
+            }
+        }
+        None => {
+            gate.unfree(tx);
+            (engine.abort(tx), Vec::new())
+        }
+    };
+    gate.unfree(tx);
+    gate.reopen(engine);
+    if let Some(v) = views.and_then(|v| v.lock().remove(&tx)) {
+        v.end();
+    }
+    let Some(private) = private else { return (r, changed.into_iter().map(shared_id).collect()) };
+    let mut pages = all_ids(private, changed);
+    pages.extend(own.iter().copied());
+    // Private ids the kernel does not hold (any more) go now; the others
+    // when it forgets them (`forget`).
+    let mut p = private.lock();
+    for k in own {
+        if !p.nlookup.contains_key(&k) {
+            p.remove(k);
+        }
+    }
+    drop(p);
+    (r, pages)
+}
+
+fn invalidator(notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, jobs: std::sync::mpsc::Receiver<Deferred>) {
+    for (nodes, reply) in jobs {
+        if let Some(n) = notifier.get() {
+            for ino in nodes {
+                // ENOENT: the kernel has no inode for it, nothing to drop.
+                let _ = n.inval_inode(ino, 0, 0);
+            }
+        }
+        reply();
+    }
+}
+
+fn errno(e: &Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn sys_time(t: Timestamp) -> SystemTime {
+    if t.secs >= 0 {
+        UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
+    } else {
+        UNIX_EPOCH - Duration::new(t.secs.unsigned_abs(), 0) + Duration::new(0, t.nanos)
+    }
+}
+
+fn stamp(t: TimeOrNow) -> Timestamp {
+    let st = match t {
+        TimeOrNow::Now => SystemTime::now(),
+        TimeOrNow::SpecificTime(s) => s,
+    };
+    match st.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            Timestamp { secs: -(d.as_secs() as i64) - 1, nanos: 1_000_000_000 - d.subsec_nanos() }
+        }
+    }
+}
+
+fn kind(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Other => FileType::RegularFile,
+    }
+}
+
+fn fattr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.obj.0),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: sys_time(a.atime),
+        mtime: sys_time(a.mtime),
+        ctime: sys_time(a.ctime),
+        crtime: sys_time(a.ctime),
+        kind: kind(a.kind),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink.min(u32::MAX as u64) as u32,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+impl TxFs {
+    /// The shared mount of `backing` at `point`. `notifier` is set once
+    /// the session exists.
+    pub fn new(
+        engine: Arc<Engine>,
+        backing: PathBuf,
+        point: PathBuf,
+        notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+        config: Arc<Config>,
+    ) -> TxFs {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n = notifier.clone();
+        std::thread::Builder::new()
+            .name("txfs-inval".into())
+            .spawn(move || invalidator(n, rx))
+            .expect("spawning the invalidation thread");
+        // Abort transactions whose thread or `txfs run` owner has died.
+        let private: Arc<Mutex<Private>> = Arc::default();
+        let txs: Arc<TxMap> = Arc::default();
+        let gate: Arc<CacheGate> = Arc::default();
+        let views: Views = Arc::default();
+        let paged: Arc<Paged> = Arc::default();
+        let (e, t, p, g, inval) = (engine.clone(), txs.clone(), private.clone(), gate.clone(), tx.clone());
+        let (vs, pg) = (views.clone(), paged.clone());
+        std::thread::Builder::new()
+            .name("txfs-reaper".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(250));
+                for dead in t.reap() {
+                    tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
+                    let (_, pages) = end_tx(&e, Some(&p), &g, None, Some(&vs), dead, None);
+                    let _ = inval.send((pg.keep(pages), Box::new(|| {})));
+                }
+            })
+            .expect("spawning the reaper thread");
+        TxFs {
+            engine,
+            txs,
+            backing,
+            handles: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            gate,
+            role: Role::Shared(SharedMount {
+                notifier,
+                invalidator: Mutex::new(tx),
+                private,
+                views,
+                paged,
+                point,
+                dev: std::sync::OnceLock::new(),
+            }),
+            attr_requests: AtomicU64::new(0),
+            config,
+        }
+    }
+
+    /// In a transaction view, its transaction: every request on it is
+    /// that transaction's, whoever sends it.
+    fn view(&self) -> Option<TxId> {
+        match &self.role {
+            Role::Shared(_) => None,
+            Role::View { tx, .. } => Some(*tx),
+        }
+    }
+
+    /// What only the shared mount has; `None` in a view.
+    fn shared_mount(&self) -> Option<&SharedMount> {
+        match &self.role {
+            Role::Shared(s) => Some(s),
+            Role::View { .. } => None,
+        }
+    }
+
+    /// The shared mount's notifier, once its session exists.
+    fn notifier(&self) -> Option<&fuser::Notifier> {
+        self.shared_mount().and_then(|s| s.notifier.get())
+    }
+
+    /// Ends `tx` (see [`end_tx`]) on the gate of [`TxFs::shared_gate`].
+    fn end_tx(&self, tx: TxId, commit: Option<Durability>) -> (Result<(), Error>, Vec<INodeNo>) {
+        let s = self.shared_mount();
+        let (private, views) = (s.map(|s| &*s.private), s.map(|s| &*s.views));
+        end_tx(&self.engine, private, self.shared_gate(), self.notifier(), views, tx, commit)
+    }
+
+    /// The shared mount's gate, also in a view: the gate a transaction
+    /// ended here leaves (a process of the run that begins and aborts
+    /// through its view ends the run's transaction), and the one `txfs
+    /// status` reports.
+    fn shared_gate(&self) -> &CacheGate {
+        match &self.role {
+            Role::Shared(_) => &self.gate,
+            Role::View { shared_gate, .. } => shared_gate,
+        }
+    }
+
+    /// Sends `reply` once the cached pages of `nodes` are gone (on the
+    /// invalidation thread; see the module docs).
+    fn after(&self, nodes: Vec<INodeNo>, reply: impl FnOnce() + Send + 'static) {
+        // A view has no invalidation thread: nothing but its transaction
+        // changes what it shows.
+        let Some(s) = self.shared_mount() else { return reply() };
+        let nodes = s.paged.keep(nodes);
+        if nodes.is_empty() || s.notifier.get().is_none() {
+            return reply();
+        }
+        if let Err(std::sync::mpsc::SendError((_, reply))) = s.invalidator.lock().send((nodes, Box::new(reply))) {
+            reply();
+        }
+    }
+
+    /// What a content change must invalidate before it is answered: plain
+    /// changes commit at once; a transaction's stay private until commit.
+    fn committed_now(&self, tx: Option<TxId>, o: ObjId) -> Vec<INodeNo> {
+        if tx.is_none() {
+            self.all_ids(vec![o])
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn tx(&self, req: &Request) -> Option<TxId> {
+        if self.view().is_some() {
+            return self.view();
+        }
+        let tx = self.txs.of(req.pid());
+        if let Some(t) = tx {
+            // A `txfs run` whose view left the gate open came in here.
+            self.gate.pin(t, self.notifier());
+        }
+        tx
+    }
+
+    /// The caller's transaction, or for caller-less requests the handle's.
+    fn tx_fh(&self, req: &Request, fh: FileHandle) -> Option<TxId> {
+        if self.view().is_some() {
+            return self.view();
+        }
+        if req.pid() == 0 {
+            return self.handles.lock().get(&fh).and_then(|h| h.tx);
+        }
+        self.tx(req)
+    }
+
+    fn new_fh(&self) -> FileHandle {
+        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The transaction thread `tid` is in and its depth (0: joined to a
+    /// tree without a begin of its own, or none).
+    fn state_of(&self, tid: u32) -> (Option<TxId>, u32) {
+        match self.txs.thread(tid) {
+            Some((tx, depth, _)) => (Some(tx), depth),
+            None => (self.txs.of(tid), 0),
+        }
+    }
+
+    /// The listing behind directory handle `fh` (taken at a read from
+    /// offset 0 — the first, or after rewinddir/seek to 0, which must see
+    /// the directory as it is now — and kept for the reads that follow, so
+    /// offsets stay stable), and whose view it is.
+    fn dir_listing(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+    ) -> Result<(Option<TxId>, Arc<Vec<DirEntry>>), Errno> {
+        let Some((tx, list)) = self.dirs.lock().get(&fh).cloned() else { return Err(Errno::EBADF) };
+        if let Some(list) = list.filter(|_| offset != 0) {
+            return Ok((tx, list));
+        }
+        let list = Arc::new(self.engine.readdir(tx, self.obj(ino)).map_err(|e| errno(&e))?);
+        if let Some(d) = self.dirs.lock().get_mut(&fh) {
+            d.1 = Some(list.clone());
+        }
+        Ok((tx, list))
+    }
+
+    /// The object, O_APPEND and batch flag of handle `fh` — or, in a view, of a file
+    /// its kernel opened without asking (handle 0; `flags` are the open
+    /// flags the request carries). Such a file is not counted as open, and
+    /// need not be: while the view's transaction lives, its own removals
+    /// keep the object until it commits, and a file it looked up that
+    /// anybody else removes (the name is in its read set) dooms it: it
+    /// loses at its next read or at commit, and `txfs run` retries; once it
+    /// has ended, its view's requests fail anyway.
+    fn handle_of(&self, ino: INodeNo, fh: FileHandle, flags: i32) -> Option<(ObjId, bool, bool)> {
+        if let Some(h) = self.handles.lock().get(&fh) {
+            return Some((h.obj, h.append, h.batch));
+        }
+        (self.view().is_some() && fh.0 == 0).then(|| (self.obj(ino), flags & libc::O_APPEND != 0, false))
+    }
+
+    /// Opens a handle (always direct I/O: see the module docs).
+    fn open_handle(&self, o: ObjId, tx: Option<TxId>, flags: i32) -> Result<(FileHandle, FopenFlags), Error> {
+        self.engine.open_obj(o)?;
+        let fh = self.new_fh();
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.handles
+            .lock()
+            .insert(fh, Handle { obj: o, tx, append: flags & libc::O_APPEND != 0, writable, batch: false });
+        // A view's pages are its transaction's: the kernel may keep them.
+        let mut fopen = if self.view().is_some() { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::FOPEN_DIRECT_IO };
+        // No FLUSH at close (a round trip per close(2)) unless the handle
+        // can carry a shared writable mapping (O_RDWR only: mmap needs read
+        // access), whose dirty pages the kernel writes back at flush. This
+        // file system does nothing else on it: no writeback cache, and POSIX
+        // locks are the kernel's own.
+        if flags & libc::O_ACCMODE != libc::O_RDWR {
+            fopen |= FopenFlags::FOPEN_NOFLUSH;
+        }
+        Ok((fh, fopen))
+    }
+}

@@ -1,0 +1,234 @@
+//! Kernel node ids: which engine object, and whose view, a node id names.
+//!
+//! A node id below [`PRIVATE_BASE`] is the engine object of the same
+//! number, seen by whoever asks. A transaction knows every existing regular
+//! file it looks up by a *private* node id instead, so the kernel keeps a
+//! separate inode — and page cache — for it that no other process can
+//! reach: page faults there get the transaction's view (SPEC §6). Files it
+//! created keep their shared id (nobody else reaches them), and so do
+//! directories (see [`TxFs::node_id`]).
+//!
+//! Node ids are fuser's [`INodeNo`] everywhere in this adapter, never a
+//! bare `u64` or an [`ObjId`]: the lists of what to invalidate name kernel
+//! nodes ([`all_ids`] turns changed objects into every node id they have),
+//! the cache gate remembers nodes, and only [`shared_id`] and [`TxFs::obj`]
+//! cross between the two spaces.
+//!
+//! [`Private`] maps private ids to (transaction, object) and back; an id
+//! lives while its transaction does or while the kernel still counts a
+//! lookup of it. [`Paged`] names the shared node ids that may have pages in
+//! the kernel, so that a change to any other node is answered at once.
+
+use super::{fattr, TxFs};
+use fuser::{FileAttr, INodeNo, Request};
+use parking_lot::Mutex;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use txfs_engine::{Attr, FileKind, ObjId, TxId};
+
+/// The node ids of the shared mount that may have pages in the kernel's
+/// page cache. Handles there are `FOPEN_DIRECT_IO`, so a page is only ever
+/// filled by a READ without a lock owner (a mapping's fault) or by a
+/// mapping's write-back; a node is added before that READ touches the
+/// engine, and never removed. A change to any other node has no pages to
+/// drop, so its reply is sent at once instead of after a hand-off to the
+/// invalidation thread (which costs a thread switch per plain write and per
+/// commit). A node added after a commit's check read the committed data.
+#[derive(Default)]
+pub(super) struct Paged(pub(super) Mutex<std::collections::HashSet<INodeNo>>);
+
+impl Paged {
+    pub(super) fn add(&self, ino: INodeNo) {
+        self.0.lock().insert(ino);
+    }
+
+    pub(super) fn keep(&self, mut nodes: Vec<INodeNo>) -> Vec<INodeNo> {
+        let set = self.0.lock();
+        nodes.retain(|n| set.contains(n));
+        nodes
+    }
+}
+
+/// Every node id of these objects: the private ones and the shared one.
+pub(super) fn all_ids(private: &Mutex<Private>, objs: Vec<ObjId>) -> Vec<INodeNo> {
+    let p = private.lock();
+    let mut out = Vec::with_capacity(objs.len());
+    for o in objs {
+        out.extend(p.of_obj.get(&o).into_iter().flatten().copied());
+        out.push(shared_id(o));
+    }
+    out
+}
+
+/// The node id everyone knows `o` by (and a view knows it by).
+pub(super) fn shared_id(o: ObjId) -> INodeNo {
+    INodeNo(o.0)
+}
+
+/// Whether `ino` is a transaction-private node id.
+pub(super) fn is_private(ino: INodeNo) -> bool {
+    ino.0 >= PRIVATE_BASE
+}
+
+/// Node ids from here up are transaction-private (see [`Private`]).
+pub(super) const PRIVATE_BASE: u64 = 1 << 62;
+
+/// Transaction-private node ids: a transaction that changed an existing
+/// file gets its own kernel inode for it, so the pages its mappings fault
+/// in live in a page cache nobody else reaches (SPEC §6).
+#[derive(Default)]
+pub(super) struct Private {
+    pub(super) owner: HashMap<INodeNo, (TxId, ObjId)>,
+    pub(super) by_pair: HashMap<(TxId, ObjId), INodeNo>,
+    pub(super) of_obj: HashMap<ObjId, Vec<INodeNo>>,
+    pub(super) of_tx: HashMap<TxId, Vec<INodeNo>>,
+    /// Lookups of a private id the kernel counts (entry replies) and has
+    /// not forgotten: an id is dropped once its transaction has ended and
+    /// this is zero, so the maps (and `all_ids`) do not grow with every
+    /// transaction the daemon ever served.
+    pub(super) nlookup: HashMap<INodeNo, u64>,
+    pub(super) next: u64,
+}
+
+impl Private {
+    /// The private id `t` knows `o` by, made on first use. The check and
+    /// the insert are one step under the caller's lock, so threads of one
+    /// transaction looking the same file up at once get one id, never two
+    /// (two would give the file two kernel inodes, and two page caches, in
+    /// one view).
+    pub(super) fn id_for(&mut self, t: TxId, o: ObjId) -> INodeNo {
+        match self.by_pair.entry((t, o)) {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
+                self.next += 1;
+                let k = INodeNo(PRIVATE_BASE + self.next);
+                e.insert(k);
+                self.owner.insert(k, (t, o));
+                self.of_obj.entry(o).or_default().push(k);
+                self.of_tx.entry(t).or_default().push(k);
+                k
+            }
+        }
+    }
+
+    pub(super) fn remove(&mut self, k: INodeNo) {
+        if let Some((t, o)) = self.owner.remove(&k) {
+            self.by_pair.remove(&(t, o));
+            if let Some(v) = self.of_obj.get_mut(&o) {
+                v.retain(|x| *x != k);
+                if v.is_empty() {
+                    self.of_obj.remove(&o);
+                }
+            }
+        }
+        self.nlookup.remove(&k);
+        tracing::trace!(node = k.0, "private node id dropped");
+    }
+}
+
+impl TxFs {
+    /// The engine object behind a kernel node id.
+    pub(super) fn obj(&self, ino: INodeNo) -> ObjId {
+        if let Some(s) = self.shared_mount().filter(|_| is_private(ino)) {
+            if let Some((_, o)) = s.private.lock().owner.get(&ino) {
+                return *o;
+            }
+        }
+        ObjId(ino.0)
+    }
+
+    /// The transaction whose private node `ino` is, if it is one: `Some(None)`
+    /// once that transaction has ended (then everyone's committed view).
+    pub(super) fn private_owner(&self, ino: INodeNo) -> Option<Option<TxId>> {
+        if !is_private(ino) {
+            return None;
+        }
+        let t = self.shared_mount()?.private.lock().owner.get(&ino).map(|(t, _)| *t)?;
+        Some(Some(t).filter(|t| self.engine.is_live(*t)))
+    }
+
+    /// The view for a request on node `ino`: a private node's owner, else
+    /// the caller's transaction.
+    pub(super) fn tx_at(&self, req: &Request, ino: INodeNo) -> Option<TxId> {
+        if self.view().is_some() {
+            return self.view();
+        }
+        match self.private_owner(ino) {
+            Some(owner) => owner,
+            None => self.tx(req),
+        }
+    }
+
+    /// The node id `tx` should know `o` by: a transaction knows every
+    /// existing regular file it looks up by a private id, so the pages its
+    /// mappings fault in (its view) stay in a page cache only it reaches.
+    /// Files it created are reachable by nobody else anyway.
+    pub(super) fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> INodeNo {
+        // A view's node ids are all its transaction's: no private ones.
+        let (Some(t), Some(s)) = (tx, self.shared_mount()) else { return shared_id(o) };
+        // Not directories: a lookup answered with another node id than the
+        // kernel's dentry has makes it d_invalidate that dentry, which
+        // unhashes other processes' working directories (getcwd: ENOENT)
+        // and detaches mounts below it. An uncommitted rmdir therefore
+        // kills the shared inode (README "Known limits").
+        if kind != FileKind::File {
+            return shared_id(o);
+        }
+        if let Some(k) = s.private.lock().by_pair.get(&(t, o)) {
+            return *k;
+        }
+        if self.engine.created_by(t, o) {
+            return shared_id(o);
+        }
+        // Looked up again under the lock that inserts: another thread of
+        // `t` may have made the id since the look above.
+        s.private.lock().id_for(t, o)
+    }
+
+    /// Attributes for an entry reply, under the node id `tx` knows them by
+    /// (the kernel counts a lookup of the node id it names).
+    pub(super) fn entry_attr(&self, tx: Option<TxId>, a: &Attr) -> FileAttr {
+        let mut f = fattr(a);
+        f.ino = self.node_id(tx, a.obj, a.kind);
+        if let Some(s) = self.shared_mount().filter(|_| is_private(f.ino)) {
+            *s.private.lock().nlookup.entry(f.ino).or_default() += 1;
+        }
+        f
+    }
+
+    /// Every node id of these objects: the shared one and private ones.
+    pub(super) fn all_ids(&self, objs: Vec<ObjId>) -> Vec<INodeNo> {
+        match self.shared_mount() {
+            Some(s) => all_ids(&s.private, objs),
+            None => objs.into_iter().map(shared_id).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two lookups of one file by one transaction — as two threads racing
+    /// through `node_id` both reach `id_for` — make one id, known once in
+    /// every index; another transaction gets its own, and removing an id
+    /// drops it everywhere.
+    #[test]
+    fn one_private_id_per_transaction_and_file() {
+        let mut p = Private::default();
+        let (t, u, o) = (TxId(1), TxId(2), ObjId(10));
+        let k = p.id_for(t, o);
+        assert!(is_private(k));
+        assert_eq!(p.id_for(t, o), k);
+        assert_eq!(p.of_obj[&o], vec![k]);
+        assert_eq!(p.of_tx[&t], vec![k]);
+        assert_eq!(p.owner.len(), 1);
+        let k2 = p.id_for(u, o);
+        assert_ne!(k2, k);
+        assert_eq!(p.of_obj[&o], vec![k, k2]);
+        p.remove(k);
+        assert!(!p.by_pair.contains_key(&(t, o)) && !p.owner.contains_key(&k));
+        assert_eq!(p.of_obj[&o], vec![k2]);
+        assert_ne!(p.id_for(t, o), k, "a removed id is never handed out again");
+    }
+}

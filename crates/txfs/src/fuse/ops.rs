@@ -1,0 +1,675 @@
+//! The FUSE operations: one method per kernel request, and nothing else.
+//!
+//! Each finds the view it answers for (the caller's transaction, a private
+//! node's owner, or a view's transaction; see the parent module), calls the
+//! engine, and replies — through the cache gate for anything the kernel
+//! may cache, and after the invalidation thread for anything that changed
+//! pages it may hold.
+
+use super::{errno, fattr, is_private, kind, stamp, TxFs, TTL};
+use crate::wire;
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig,
+    LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+use txfs_engine::{FileKind, SetAttr};
+
+impl Filesystem for TxFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(wire::BATCH_MAX);
+        // mmap of direct-I/O files (module docs); kernels before 6.6 refuse
+        // shared mappings instead.
+        if config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err() {
+            tracing::warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: shared mappings will fail with ENODEV");
+        }
+        // A view always lists with attributes (`readdirplus`; not the
+        // adaptive mode, which asks for them only at offset 0 and after a
+        // lookup, while git lists a whole directory before it stats it).
+        if self.view().is_some() {
+            let plus = fuser::InitFlags::FUSE_DO_READDIRPLUS;
+            if config.add_capabilities(plus).is_err() {
+                tracing::debug!("kernel lacks READDIRPLUS: a view looks every listed name up");
+            }
+        }
+        tracing::info!(backing = %self.backing.display(), "mounted");
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Some(tx) = self.view() {
+            tracing::debug!(%tx, "transaction view unmounted");
+            return;
+        }
+        tracing::info!("unmounting: checkpointing");
+        if let Err(e) = self.engine.shutdown() {
+            tracing::error!("final checkpoint failed: {e}");
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let Some(s) = self.shared_mount().filter(|_| is_private(ino)) else { return };
+        let mut p = s.private.lock();
+        let Some(n) = p.nlookup.get_mut(&ino) else { return };
+        *n = n.saturating_sub(nlookup);
+        if *n > 0 {
+            return;
+        }
+        p.nlookup.remove(&ino);
+        // Its transaction still live: it may look the file up again (and
+        // gets the same id); `end_tx` drops it.
+        let live = p.owner.get(&ino).is_some_and(|(t, _)| self.engine.is_live(*t));
+        if !live {
+            p.remove(ino);
+            drop(p);
+            s.paged.0.lock().remove(&ino);
+        }
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.attr_requests.fetch_add(1, Ordering::Relaxed);
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
+        let tx = self.tx(req);
+        match self.engine.lookup(tx, self.obj(parent), name) {
+            Ok(a) => {
+                let fa = self.entry_attr(tx, &a);
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.attr_requests.fetch_add(1, Ordering::Relaxed);
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
+        let tx = match fh {
+            Some(fh) => self.tx_fh(req, fh),
+            None => self.tx_at(req, ino),
+        };
+        // NB: the client libraries open the mount root to send ABORT, and the
+        // kernel asks for its attributes first: a doomed transaction must get
+        // that far, so the root's attributes come from the committed state.
+        let tx = match tx {
+            Some(t) if ino.0 == 1 && self.engine.is_doomed(t) => None,
+            tx => tx,
+        };
+        match self.engine.getattr(tx, self.obj(ino)) {
+            Ok(a) => self.gate.reply(tx, ino, ticket, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) })),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// Sent by access(2) and chdir(2) only on a mount without
+    /// `default_permissions` (root's own mount, see `txfs mount --help`),
+    /// whose callers are all root: root may do anything but execute
+    /// something other than a directory that has no execute bit.
+    fn access(&self, req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        let tx = self.tx_at(req, ino).filter(|t| !(ino.0 == 1 && self.engine.is_doomed(*t)));
+        match self.engine.getattr(tx, self.obj(ino)) {
+            Ok(a) if mask.contains(fuser::AccessFlags::X_OK) && a.kind != FileKind::Dir && a.mode & 0o111 == 0 => {
+                reply.error(Errno::EACCES)
+            }
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // Before changing: the new attributes may be cached only if the gate
+        // stayed open (in a view: always; git's utime of every object it
+        // finds again is otherwise followed by a GETATTR).
+        let ticket = self.gate.ticket();
+        let tx = match fh {
+            Some(fh) => self.tx_fh(req, fh),
+            None => self.tx_at(req, ino),
+        };
+        let set = SetAttr { mode, uid, gid, size, atime: atime.map(stamp), mtime: mtime.map(stamp) };
+        match self.engine.setattr(tx, self.obj(ino), &set) {
+            Ok(a) => {
+                self.view_saw(tx, Some(self.obj(ino)));
+                let inval = if size.is_some() { self.committed_now(tx, self.obj(ino)) } else { Vec::new() };
+                let gate = self.gate.clone();
+                self.after(inval, move || {
+                    gate.reply(tx, ino, ticket, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) }))
+                })
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.engine.readlink(self.tx_at(req, ino), self.obj(ino)) {
+            Ok(t) => reply.data(t.as_bytes()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            // Devices, fifos and sockets are not supported (README).
+            return reply.error(Errno::EPERM);
+        }
+        let tx = self.tx(req);
+        match self.engine.create(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
+            Ok(a) => {
+                let fa = self.entry_attr(tx, &a);
+                self.view_saw(tx, None);
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
+        let tx = self.tx(req);
+        match self.engine.mkdir(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
+            Ok(a) => {
+                let fa = self.entry_attr(tx, &a);
+                self.view_saw(tx, None);
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let tx = self.tx(req);
+        match self.engine.unlink(tx, self.obj(parent), name) {
+            Ok(()) => {
+                self.view_saw(tx, None);
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let tx = self.tx(req);
+        match self.engine.rmdir(tx, self.obj(parent), name) {
+            Ok(()) => {
+                self.view_saw(tx, None);
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
+        let tx = self.tx(req);
+        match self.engine.symlink(tx, self.obj(parent), link_name, target.as_os_str(), req.uid(), req.gid()) {
+            Ok(a) => {
+                let fa = self.entry_attr(tx, &a);
+                self.view_saw(tx, None);
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let f = txfs_engine::RenameFlags {
+            noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+        };
+        let tx = self.tx(req);
+        match self.engine.rename(tx, self.obj(parent), name, self.obj(newparent), newname, f) {
+            Ok(()) => {
+                self.view_saw(tx, None);
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
+        let tx = self.tx(req);
+        match self.engine.link(tx, self.obj(ino), self.obj(newparent), newname) {
+            Ok(a) => {
+                let fa = self.entry_attr(tx, &a);
+                self.view_saw(tx, None);
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // A view's kernel opens files itself after this (no OPEN, RELEASE
+        // or handle: file handle 0, pages kept): two round trips less per
+        // open(2). What a handle did for it, `handle_of` does.
+        if self.view().is_some() {
+            return reply.error(Errno::ENOSYS);
+        }
+        let tx = self.tx_at(req, ino);
+        if flags.0 & libc::O_TRUNC != 0 {
+            if let Err(e) = self.engine.truncate(tx, self.obj(ino), 0) {
+                return reply.error(errno(&e));
+            }
+        }
+        let inval = if flags.0 & libc::O_TRUNC != 0 {
+            self.view_saw(tx, Some(self.obj(ino)));
+            self.committed_now(tx, self.obj(ino))
+        } else {
+            Vec::new()
+        };
+        match self.open_handle(self.obj(ino), tx, flags.0) {
+            Ok((fh, fopen)) => self.after(inval, move || reply.opened(fh, fopen)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some((o, _, _)) = self.handle_of(ino, fh, 0) else {
+            return reply.error(Errno::EBADF);
+        };
+        // The kernel names a lock owner on direct reads only; a read without
+        // one fills the page cache of this node for a mapping. A private
+        // node's pages are its transaction's; a shared node's pages are
+        // everyone's, so they hold committed data — except for an object
+        // the caller's transaction created, which nobody else can reach.
+        let tx = if lock_owner.is_some() || self.view().is_some() {
+            self.tx_fh(req, fh)
+        } else {
+            if let Some(s) = self.shared_mount() {
+                s.paged.add(ino);
+            }
+            match self.private_owner(ino) {
+                Some(owner) => owner,
+                None => self.tx_fh(req, fh).filter(|t| self.engine.created_by(*t, o)),
+            }
+        };
+        match self.engine.read(tx, o, offset, size as usize) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // Write-back of a shared writable mapping: applied as a plain write
+        // (module docs), never into whichever transaction happens to be near.
+        // In a transaction view even a write-back is the transaction's.
+        let tx = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && self.view().is_none() {
+            if let Some(s) = self.shared_mount() {
+                s.paged.add(ino);
+            }
+            None
+        } else {
+            self.tx_fh(req, fh)
+        };
+        let Some((o, append, batch)) = self.handle_of(ino, fh, _flags.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        let batch = batch && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        // O_APPEND appends at the end of the file as this transaction sees it.
+        // A write-back carries its offset (the kernel picks any writable
+        // handle for it, maybe an O_APPEND one).
+        let r = if batch {
+            // Checked whole before anything is applied; then in order.
+            // Only inside a transaction: outside one each record would be a
+            // transaction of its own, and a batch could land half.
+            if tx.is_none() {
+                return reply.error(Errno::EINVAL);
+            }
+            match wire::parse_batch(data) {
+                Some(writes) => writes
+                    .into_iter()
+                    .try_for_each(|(off, d)| self.engine.write(tx, o, off, d).map(|_| ()))
+                    .map(|()| data.len()),
+                None => return reply.error(Errno::EINVAL),
+            }
+        } else if append && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            self.engine.append(tx, o, data).map(|_| data.len())
+        } else {
+            self.engine.write(tx, o, offset, data)
+        };
+        // A write-back's data comes from the page cache: nothing to drop (and
+        // dropping would wait for this very write-back).
+        let inval =
+            if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) { Vec::new() } else { self.committed_now(tx, o) };
+        match r {
+            Ok(n) => {
+                self.view_saw(tx, Some(o));
+                self.after(inval, move || reply.written(n as u32))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // Nothing to do here (the kernel writes dirty pages back before it
+        // asks); a view's kernel stops asking.
+        if self.view().is_some() {
+            return reply.error(Errno::ENOSYS);
+        }
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if let Some(h) = self.handles.lock().remove(&fh) {
+            self.engine.release(h.obj);
+        }
+        reply.ok();
+    }
+
+    fn fsync(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.engine.fsync(self.tx_fh(req, fh)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn opendir(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let tx = self.tx(req);
+        let fh = self.new_fh();
+        self.dirs.lock().insert(fh, (tx, None));
+        reply.opened(fh, FopenFlags::empty());
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let (tx, list) = match self.dir_listing(ino, fh, offset) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        let mut i = offset as usize;
+        loop {
+            let full = match i {
+                0 => reply.add(ino, 1, FileType::Directory, "."),
+                1 => reply.add(ino, 2, FileType::Directory, ".."),
+                _ => match list.get(i - 2) {
+                    Some(e) => reply.add(self.node_id(tx, e.obj, e.kind), i as u64 + 1, kind(e.kind), &e.name),
+                    None => break,
+                },
+            };
+            if full {
+                break;
+            }
+            i += 1;
+        }
+        reply.ok();
+    }
+
+    /// Asked for only by a transaction view's kernel (`init`): the listing
+    /// with each entry's attributes, which the view may cache — so a program
+    /// that lists a directory and then stats or opens every name in it (git
+    /// add, find, rsync) costs no LOOKUP per name. Each entry the kernel
+    /// links counts as a lookup of its node, like a LOOKUP reply.
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let (tx, list) = match self.dir_listing(ino, fh, offset) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        let ticket = self.gate.ticket();
+        let here = match self.engine.getattr(tx, self.obj(ino)) {
+            Ok(a) => FileAttr { ino, ..fattr(&a) },
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let mut i = offset as usize;
+        loop {
+            // The kernel links no entry for "." and "..": their attributes
+            // are only filler.
+            let full = match i {
+                0 => reply.add(ino, 1, ".", &TTL, &here, Generation(0)),
+                1 => reply.add(ino, 2, "..", &TTL, &here, Generation(0)),
+                _ => match list.get(i - 2) {
+                    Some(e) => match self.engine.getattr(tx, e.obj) {
+                        Ok(a) => {
+                            let fa = self.entry_attr(tx, &a);
+                            self.gate.reply(tx, fa.ino, ticket, |ttl| {
+                                reply.add(fa.ino, i as u64 + 1, &e.name, ttl, &fa, Generation(0))
+                            })
+                        }
+                        // Gone since the listing was taken: left out (fuser
+                        // takes the entry's node id and type from the
+                        // attributes, so there is no "plain" entry to send).
+                        Err(err) if matches!(err.errno(), libc::ENOENT | libc::ESTALE) => false,
+                        Err(err) => return reply.error(errno(&err)),
+                    },
+                    None => break,
+                },
+            };
+            if full {
+                break;
+            }
+            i += 1;
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.dirs.lock().remove(&fh);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.engine.fsync(self.tx(req)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let c = match std::ffi::CString::new(self.backing.as_os_str().as_bytes()) {
+            Ok(c) => c,
+            Err(_) => return reply.error(Errno::EIO),
+        };
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a valid C string and `s` a valid out-pointer.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+            return reply.error(Errno::from(std::io::Error::last_os_error()));
+        }
+        reply.statfs(
+            s.f_blocks,
+            s.f_bfree,
+            s.f_bavail,
+            s.f_files,
+            s.f_ffree,
+            s.f_bsize as u32,
+            txfs_engine::NAME_MAX as u32,
+            s.f_frsize as u32,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let create = flags & libc::XATTR_CREATE != 0;
+        let replace = flags & libc::XATTR_REPLACE != 0;
+        match self.engine.setxattr(self.tx_at(req, ino), self.obj(ino), name, Some(value), create, replace) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.engine.getxattr(self.tx_at(req, ino), self.obj(ino), name) {
+            Ok(Some(v)) => {
+                if size == 0 {
+                    reply.size(v.len() as u32)
+                } else if v.len() > size as usize {
+                    reply.error(Errno::ERANGE)
+                } else {
+                    reply.data(&v)
+                }
+            }
+            Ok(None) => reply.error(Errno::NO_XATTR),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.engine.listxattr(self.tx_at(req, ino), self.obj(ino)) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(n.as_bytes());
+                    buf.push(0);
+                }
+                if size == 0 {
+                    reply.size(buf.len() as u32)
+                } else if buf.len() > size as usize {
+                    reply.error(Errno::ERANGE)
+                } else {
+                    reply.data(&buf)
+                }
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.engine.setxattr(self.tx_at(req, ino), self.obj(ino), name, None, false, false) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        // Before reading: a reply may be cached only if the gate stayed open.
+        let ticket = self.gate.ticket();
+        let tx = self.tx(req);
+        let attr = match self.engine.create(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        match self.open_handle(attr.obj, tx, flags) {
+            Ok((fh, fopen)) => {
+                self.view_saw(tx, None);
+                let fa = fattr(&attr);
+                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.created(ttl, &fa, Generation(0), fh, fopen))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        if cmd == wire::BATCH {
+            // Makes the handle it is issued on a batch handle. Not in a view:
+            // its handles are not direct I/O, so the kernel would keep the
+            // batch's raw bytes as the file's pages.
+            if self.view().is_some() {
+                return reply.error(Errno::EINVAL);
+            }
+            return match self.handles.lock().get_mut(&_fh) {
+                Some(h) if h.writable => {
+                    h.batch = true;
+                    reply.ioctl(0, &[])
+                }
+                Some(_) => reply.error(Errno::EBADF),
+                None => reply.error(Errno::EINVAL),
+            };
+        }
+        match self.ioctl_cmd(req, _ino, cmd, in_data) {
+            Ok((out, inval)) => self.after(inval, move || reply.ioctl(0, &out)),
+            Err(e) => reply.error(e),
+        }
+    }
+}
