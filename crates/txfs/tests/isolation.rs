@@ -434,7 +434,7 @@ fn non_transactional_writer_beats_a_reader_transaction() {
 
 /// SPEC §3/§6: "a transaction must never be served a stale cached view of its
 /// own changes". A read-only descriptor opened before the transaction began
-/// is a page-cache handle in this daemon (fs.rs documents that it keeps
+/// is a page-cache handle in this daemon (fuse/mod.rs documents that it keeps
 /// showing the committed state).
 #[test]
 fn read_only_fd_opened_before_the_transaction_reads_its_writes() {

@@ -410,7 +410,7 @@ fn deferred_replies_do_not_starve_write_back_of_ring_entries() {
     control_then_ring(|m, secs| writers_and_mmap_writer(m, 10, secs), "plain writers and a mapping's writer");
 }
 
-/// Story (fs.rs module docs): "Invalidation never runs on a request thread:
+/// Story (fuse/mod.rs module docs): "Invalidation never runs on a request thread:
 /// inval_inode locks the file's folios, and a page fault holds one while its
 /// READ waits for a free worker. A dedicated thread invalidates, then sends
 /// the reply." With /dev/fuse, handing the reply to that thread frees the
