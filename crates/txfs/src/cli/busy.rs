@@ -36,6 +36,13 @@ pub struct Holders {
     pub other: Vec<String>,
 }
 
+impl Holders {
+    /// Nobody visible holds the mount.
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty() && self.other.is_empty()
+    }
+}
+
 pub fn scan(id: Ident) -> Holders {
     let mut h = Holders::default();
     let me = std::process::id().to_string();

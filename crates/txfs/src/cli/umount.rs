@@ -22,9 +22,7 @@ pub fn umount(point: &Path) -> Result<(), String> {
     let id = busy::ident(&m.point);
     let conn = id.map(|i| i.minor);
     let mut detached = false;
-    // SAFETY: valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
-        let err = std::io::Error::last_os_error();
+    if let Err(err) = umount_settling(&c, &m.point, id) {
         // Not root: fusermount3 may unmount what we may not.
         let done = err.raw_os_error() != Some(libc::EBUSY) && fusermount3(&["-u"], &m.point);
         if !done {
@@ -104,6 +102,31 @@ pub fn umount(point: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `umount2(point)`; a busy answer while no process visibly holds the
+/// mount is tried again for up to 2 s. A holder that has just closed its
+/// last descriptor on the mount, or exited, can keep it busy a moment
+/// longer: the kernel releases files closed by an exiting process, an
+/// io_uring or a kernel worker asynchronously. A holder that shows (a
+/// descriptor, working directory or mapping in /proc, another mount of the
+/// same connection) is reported at once, as before.
+fn umount_settling(c: &std::ffi::CStr, point: &Path, id: Option<busy::Ident>) -> std::io::Result<()> {
+    let t0 = Instant::now();
+    loop {
+        // SAFETY: valid C string.
+        if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        let settling = err.raw_os_error() == Some(libc::EBUSY)
+            && t0.elapsed() < Duration::from_secs(2)
+            && id.is_some_and(|id| busy::entangled_mounts(point, id).is_empty() && busy::scan(id).is_empty());
+        if !settling {
+            return Err(err);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// `fusermount3 ARGS POINT` succeeded.
