@@ -28,6 +28,8 @@
 
 mod checkpoint;
 mod codec;
+#[cfg(test)]
+mod codec_golden;
 pub mod delta;
 mod error;
 mod ids;

@@ -14,6 +14,7 @@
 //! `checkpoint_of_a_file_linked_elsewhere_killed_at_every_step`),
 //! `tests/shadow.rs` (`a_replacing_checkpoint_killed_at_every_step`).
 
+use crate::codec::{encode, fields, Codec, DecodeError, Reader};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{DataFileId, Epoch, ObjId, Seq};
 use crate::log::files::{data_path, META_DIR, SPARES_MAX};
@@ -498,7 +499,7 @@ pub(super) fn prepare_shadow(s: &dyn Storage, data: &Path, to: &Path) -> std::io
 
 /// Persists a plan: write a temp file, fsync, rename, fsync the folder.
 pub(super) fn persist(s: &dyn Storage, plan: &Plan) -> Result<()> {
-    let body = crate::codec::encode_plan(plan);
+    let body = encode_plan(plan);
     let mut bytes = Vec::with_capacity(body.len() + 8);
     bytes.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
     bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -531,5 +532,93 @@ pub fn load(s: &dyn Storage, path: &Path) -> Result<Plan> {
     if crc32c::crc32c(body) != crc {
         return Err(corrupt("plan checksum mismatch"));
     }
-    crate::codec::decode_plan(body).ok_or_else(|| corrupt("undecodable plan"))
+    decode_plan(body).ok_or_else(|| corrupt("undecodable plan"))
 }
+
+// The byte encoding of the plan (the table in `codec`).
+
+/// A plan's body (the plan file adds its checksum and length).
+pub(crate) fn encode_plan(plan: &Plan) -> Vec<u8> {
+    encode(plan)
+}
+
+/// A plan from its body; `None` if the bytes are not a whole plan (bytes
+/// after one are ignored).
+pub(crate) fn decode_plan(body: &[u8]) -> Option<Plan> {
+    Plan::get(&mut Reader::new(body)).ok()
+}
+
+impl Codec for MoveOut {
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            MoveOut::Stage { from, stage } => {
+                0u32.put(out);
+                from.put(out);
+                stage.put(out);
+            }
+            MoveOut::Unlink { from } => {
+                1u32.put(out);
+                from.put(out);
+            }
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> std::result::Result<Self, DecodeError> {
+        Ok(match r.variant(2)? {
+            0 => MoveOut::Stage { from: Codec::get(r)?, stage: Codec::get(r)? },
+            _ => MoveOut::Unlink { from: Codec::get(r)? },
+        })
+    }
+}
+
+impl Codec for Place {
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            Place::Rename { stage, to } => {
+                0u32.put(out);
+                stage.put(out);
+                to.put(out);
+            }
+            Place::File { to } => {
+                1u32.put(out);
+                to.put(out);
+            }
+            Place::Dir { to } => {
+                2u32.put(out);
+                to.put(out);
+            }
+            Place::Symlink { to, target } => {
+                3u32.put(out);
+                to.put(out);
+                target.put(out);
+            }
+            Place::Link { existing, to } => {
+                4u32.put(out);
+                existing.put(out);
+                to.put(out);
+            }
+            Place::Replace { data, to, size, keep } => {
+                5u32.put(out);
+                data.put(out);
+                to.put(out);
+                size.put(out);
+                keep.put(out);
+            }
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> std::result::Result<Self, DecodeError> {
+        Ok(match r.variant(6)? {
+            0 => Place::Rename { stage: Codec::get(r)?, to: Codec::get(r)? },
+            1 => Place::File { to: Codec::get(r)? },
+            2 => Place::Dir { to: Codec::get(r)? },
+            3 => Place::Symlink { to: Codec::get(r)?, target: Codec::get(r)? },
+            4 => Place::Link { existing: Codec::get(r)?, to: Codec::get(r)? },
+            _ => {
+                Place::Replace { data: Codec::get(r)?, to: Codec::get(r)?, size: Codec::get(r)?, keep: Codec::get(r)? }
+            }
+        })
+    }
+}
+
+fields!(DataOp { path, cut, size, extents, files });
+fields!(AttrOp { path, is_symlink, mode, owner, times, xattrs });
+fields!(Plan { epoch, last_seq, out, place, data, attrs, dead });

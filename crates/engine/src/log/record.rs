@@ -17,7 +17,7 @@
 //! builds a record from a delta (`txn::commit`), recovery turns one back
 //! into a delta (`recovery`).
 
-use crate::codec::{Codec, DecodeError, Reader};
+use crate::codec::{fields, Codec, DecodeError, Reader};
 use crate::storage::{FileKind, Timestamp};
 
 pub const REC_VERSION: u16 = 1;
@@ -119,5 +119,48 @@ impl CommitRecord {
             rec.files = Codec::get(&mut r)?;
         }
         Ok(rec)
+    }
+}
+
+// The byte encoding of the record (the table in `codec`).
+
+impl Codec for ObjRef {
+    fn put(&self, out: &mut Vec<u8>) {
+        match self {
+            ObjRef::Base(path) => {
+                0u32.put(out);
+                path.put(out);
+            }
+            ObjRef::New(id) => {
+                1u32.put(out);
+                id.put(out);
+            }
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> std::result::Result<Self, DecodeError> {
+        Ok(match r.variant(2)? {
+            0 => ObjRef::Base(Codec::get(r)?),
+            _ => ObjRef::New(Codec::get(r)?),
+        })
+    }
+}
+
+fields!(RecAttr { mode, uid, gid, atime, mtime, ctime, nlink, xattrs });
+fields!(RecFile { cut, exact, size, extents });
+fields!(RecObj { obj, attr, file });
+fields!(RecDir { dir, entries });
+fields!(RecNew { id, kind, target });
+fields!(FileRef { obj, off, len, file, file_off });
+
+/// A record's version-1 body: `files` is not part of it (a version-2
+/// record encodes them after it: [`CommitRecord::encode`]).
+impl Codec for CommitRecord {
+    fn put(&self, out: &mut Vec<u8>) {
+        self.created.put(out);
+        self.dirs.put(out);
+        self.objs.put(out);
+    }
+    fn get(r: &mut Reader<'_>) -> std::result::Result<Self, DecodeError> {
+        Ok(CommitRecord { created: Codec::get(r)?, dirs: Codec::get(r)?, objs: Codec::get(r)?, files: Vec::new() })
     }
 }

@@ -1,0 +1,235 @@
+//! Golden bytes of the journal record and the checkpoint plan: what
+//! `codec`'s encoding makes of one value of every kind, compared with
+//! checked-in bytes that bincode 1.x wrote before the engine had its own
+//! codec (`tests/fixtures/golden/`), and how strictly decoding refuses
+//! what is not a whole value.
+use crate::checkpoint::plan::{decode_plan, encode_plan, AttrOp, DataOp, MoveOut, Place, Plan};
+use crate::delta::NO_CUT;
+use crate::ids::{Epoch, Seq};
+use crate::journal::{CommitRecord, FileRef, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj};
+use crate::journal::{REC_VERSION, REC_VERSION_FILES};
+use crate::storage::{FileKind, Timestamp};
+
+const RECORD_V1: &[u8] = include_bytes!("../tests/fixtures/golden/record-v1.bin");
+const RECORD_V2: &[u8] = include_bytes!("../tests/fixtures/golden/record-v2.bin");
+const PLAN: &[u8] = include_bytes!("../tests/fixtures/golden/plan.bin");
+
+fn ts(secs: i64, nanos: u32) -> Option<Timestamp> {
+    Some(Timestamp { secs, nanos })
+}
+
+/// A record with every kind of change: each `FileKind`, both `ObjRef`s,
+/// names added, replaced and removed, attributes set and left alone,
+/// xattrs set (one empty) and removed, a file with a cut and extents,
+/// one without contents; non-UTF-8 names.
+fn record(files: Vec<FileRef>) -> CommitRecord {
+    CommitRecord {
+        created: vec![
+            RecNew { id: 1, kind: FileKind::File, target: None },
+            RecNew { id: 2, kind: FileKind::Dir, target: None },
+            RecNew { id: 3, kind: FileKind::Symlink, target: Some(b"../to\xff".to_vec()) },
+            RecNew { id: 4, kind: FileKind::Other, target: None },
+        ],
+        dirs: vec![
+            RecDir {
+                dir: ObjRef::Base(b"".to_vec()),
+                entries: vec![
+                    (b"new".to_vec(), Some(ObjRef::New(1))),
+                    (b"moved\xfe".to_vec(), Some(ObjRef::Base(b"a/b".to_vec()))),
+                    (b"gone".to_vec(), None),
+                ],
+            },
+            RecDir { dir: ObjRef::New(2), entries: vec![] },
+        ],
+        objs: vec![
+            RecObj {
+                obj: ObjRef::New(1),
+                attr: RecAttr {
+                    mode: Some(0o100644),
+                    uid: Some(1000),
+                    gid: None,
+                    atime: ts(-1, 999_999_999),
+                    mtime: ts(1_700_000_000, 5),
+                    ctime: None,
+                    nlink: -1,
+                    xattrs: vec![
+                        (b"user.a".to_vec(), Some(b"value".to_vec())),
+                        (b"user.empty".to_vec(), Some(vec![])),
+                        (b"user.gone".to_vec(), None),
+                    ],
+                },
+                file: Some(RecFile {
+                    cut: NO_CUT,
+                    exact: true,
+                    size: 1 << 40,
+                    extents: vec![(0, 6, 0), (u64::MAX - 1, 1, 6)],
+                }),
+            },
+            RecObj {
+                obj: ObjRef::Base(b"a/b".to_vec()),
+                attr: RecAttr::default(),
+                file: Some(RecFile { cut: 3, exact: false, size: 0, extents: vec![] }),
+            },
+            RecObj { obj: ObjRef::New(2), attr: RecAttr { nlink: 2, ..RecAttr::default() }, file: None },
+        ],
+        files,
+    }
+}
+
+fn file_refs() -> Vec<FileRef> {
+    vec![
+        FileRef { obj: 0, off: 0, len: 20 << 10, file: 0, file_off: 0 },
+        FileRef { obj: u32::MAX, off: 7, len: 1, file: 0x0123_4567_89ab_cdef, file_off: u64::MAX },
+    ]
+}
+
+/// A plan with every step: both moves out, every placement, data from
+/// the journal and from data files, attributes set and left alone.
+fn plan() -> Plan {
+    Plan {
+        epoch: Epoch(7),
+        last_seq: Seq(41),
+        out: vec![
+            MoveOut::Stage { from: b"d/f".to_vec(), stage: b".txfs/stage/o9".to_vec() },
+            MoveOut::Unlink { from: b"link2".to_vec() },
+        ],
+        place: vec![
+            Place::Rename { stage: b".txfs/stage/o9".to_vec(), to: b"e/f".to_vec() },
+            Place::File { to: b"new".to_vec() },
+            Place::Dir { to: b"dir\xff".to_vec() },
+            Place::Symlink { to: b"ln".to_vec(), target: b"new".to_vec() },
+            Place::Link { existing: b"new".to_vec(), to: b"hard".to_vec() },
+            Place::Replace {
+                data: b".txfs/data/0000000000000003".to_vec(),
+                to: b"big".to_vec(),
+                size: 1 << 20,
+                keep: Some(b".txfs/data/0000000000000004".to_vec()),
+            },
+            Place::Replace { data: b".txfs/data/0000000000000005".to_vec(), to: b"b2".to_vec(), size: 0, keep: None },
+        ],
+        data: vec![
+            DataOp {
+                path: b"new".to_vec(),
+                cut: NO_CUT,
+                size: 10,
+                extents: vec![(0, 4, 48), (4, 6, 100)],
+                files: vec![(10, 5, 2, 0)],
+            },
+            DataOp { path: b"e/f".to_vec(), cut: 0, size: 0, extents: vec![], files: vec![] },
+        ],
+        attrs: vec![
+            AttrOp {
+                path: b"new".to_vec(),
+                is_symlink: false,
+                mode: Some(0o600),
+                owner: Some((Some(0), None)),
+                times: Some((ts(1, 2), None)),
+                xattrs: vec![(b"user.x".to_vec(), Some(b"1".to_vec())), (b"user.y".to_vec(), None)],
+            },
+            AttrOp { path: b"ln".to_vec(), is_symlink: true, mode: None, owner: None, times: None, xattrs: vec![] },
+        ],
+        dead: vec![b".txfs/stage/o3".to_vec(), vec![]],
+    }
+}
+
+fn encoded(rec: &CommitRecord) -> (Vec<u8>, u16) {
+    rec.encode().expect("a record always encodes")
+}
+
+#[test]
+fn record_without_data_files_is_version_1_and_its_golden_bytes() {
+    let (meta, version) = encoded(&record(vec![]));
+    assert_eq!(version, REC_VERSION);
+    assert!(meta == RECORD_V1, "record v1 bytes changed:\n{meta:02x?}");
+    let back = CommitRecord::decode(RECORD_V1, REC_VERSION).expect("decodes");
+    assert_eq!(encoded(&back), (RECORD_V1.to_vec(), REC_VERSION));
+}
+
+#[test]
+fn record_with_data_files_is_version_2_and_its_golden_bytes() {
+    let (meta, version) = encoded(&record(file_refs()));
+    assert_eq!(version, REC_VERSION_FILES);
+    assert!(meta == RECORD_V2, "record v2 bytes changed:\n{meta:02x?}");
+    // The file refs follow the version-1 body.
+    assert_eq!(&RECORD_V2[..RECORD_V1.len()], RECORD_V1);
+    let back = CommitRecord::decode(RECORD_V2, REC_VERSION_FILES).expect("decodes");
+    assert_eq!(back.files, file_refs());
+    assert_eq!(encoded(&back), (RECORD_V2.to_vec(), REC_VERSION_FILES));
+    // Read as version 1, the file refs are bytes after the record.
+    let v1 = CommitRecord::decode(RECORD_V2, REC_VERSION).expect("decodes");
+    assert!(v1.files.is_empty());
+    assert_eq!(encoded(&v1).0, RECORD_V1);
+}
+
+#[test]
+fn plan_golden_bytes() {
+    let body = encode_plan(&plan());
+    assert!(body == PLAN, "plan bytes changed:\n{body:02x?}");
+    let back = decode_plan(PLAN).expect("decodes");
+    assert_eq!(encode_plan(&back), PLAN);
+}
+
+/// Every prefix of a record or plan is refused, with the reason that
+/// bincode gave (it is part of `txfs check`'s report).
+#[test]
+fn truncation_is_refused() {
+    for n in 0..RECORD_V2.len() {
+        let err = CommitRecord::decode(&RECORD_V2[..n], REC_VERSION_FILES).expect_err("a prefix");
+        assert_eq!(err.to_string(), "io error: failed to fill whole buffer", "prefix {n}");
+    }
+    for n in 0..RECORD_V1.len() {
+        assert!(CommitRecord::decode(&RECORD_V1[..n], REC_VERSION).is_err(), "prefix {n}");
+    }
+    for n in 0..PLAN.len() {
+        assert!(decode_plan(&PLAN[..n]).is_none(), "prefix {n}");
+    }
+}
+
+/// Bytes after a whole record or plan are ignored (as bincode 1's
+/// `deserialize` and `deserialize_from` do).
+#[test]
+fn trailing_bytes_are_ignored() {
+    let mut meta = RECORD_V2.to_vec();
+    meta.extend_from_slice(&[0xff; 9]);
+    let back = CommitRecord::decode(&meta, REC_VERSION_FILES).expect("decodes");
+    assert_eq!(encoded(&back).0, RECORD_V2);
+    let mut body = PLAN.to_vec();
+    body.extend_from_slice(&[0xff; 9]);
+    assert_eq!(encode_plan(&decode_plan(&body).expect("decodes")), PLAN);
+}
+
+/// Bytes that no encoder writes are refused: a bool, an `Option` tag or
+/// an enum variant out of range, a length past the end.
+#[test]
+fn garbage_is_refused() {
+    let decode = |meta: &[u8]| CommitRecord::decode(meta, REC_VERSION).map(|_| ()).map_err(|e| e.to_string());
+    // created: len 1, id, kind, target tag
+    let mut one = vec![1, 0, 0, 0, 0, 0, 0, 0];
+    one.extend_from_slice(&9u64.to_le_bytes());
+    let with = |tail: &[u8]| [&one[..], tail, &[0u8; 24][..]].concat();
+    assert_eq!(decode(&with(&[0, 0, 0, 0, 0])), Ok(()));
+    assert_eq!(
+        decode(&with(&[4, 0, 0, 0, 0])),
+        Err("invalid value: integer `4`, expected variant index 0 <= i < 4".into())
+    );
+    assert_eq!(decode(&with(&[0, 0, 0, 0, 2])), Err("tag for enum is not valid, found 2".into()));
+    // objs: len 1, ObjRef variant 2
+    let objs = [&[0u8; 16][..], &[1, 0, 0, 0, 0, 0, 0, 0], &[2, 0, 0, 0]].concat();
+    assert_eq!(decode(&objs), Err("invalid value: integer `2`, expected variant index 0 <= i < 2".into()));
+    // A length that runs past the end.
+    let long = [&u64::MAX.to_le_bytes()[..], &[0u8; 16]].concat();
+    assert_eq!(decode(&long), Err("io error: failed to fill whole buffer".into()));
+    // A RecFile's `exact` that is not 0 or 1.
+    let mut meta = RECORD_V1.to_vec();
+    let at = find_exact_flag(&meta);
+    meta[at] = 7;
+    assert_eq!(decode(&meta), Err("invalid u8 while decoding bool, expected 0 or 1, found 7".into()));
+}
+
+/// Where RECORD_V1 holds the first `RecFile::exact`: between its
+/// `cut = NO_CUT` and its `size = 1 << 40`.
+fn find_exact_flag(meta: &[u8]) -> usize {
+    let file = [&NO_CUT.to_le_bytes()[..], &[1], &(1u64 << 40).to_le_bytes()].concat();
+    let at = meta.windows(file.len()).position(|w| w == file).expect("the first RecFile");
+    at + 8
+}
