@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "clients" / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from txfs import mounts  # noqa: E402  (the client package of this repository)
+
 
 class Mount(NamedTuple):
     mnt: str
@@ -34,8 +36,7 @@ class Mount(NamedTuple):
 
 
 def _mounted(mnt: str) -> bool:
-    with open("/proc/self/mountinfo", encoding="latin-1") as f:
-        return any(len(line.split()) > 4 and line.split()[4] == mnt for line in f)
+    return any(e.point == mnt for e in mounts.read_mountinfo())
 
 
 def _tail(path: str) -> str:

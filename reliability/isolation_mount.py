@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 
 import txfs  # noqa: E402  (the client package of this repository)
+from txfs import mounts  # noqa: E402
 
 MOUNT_TIMEOUT = 60.0
 UMOUNT_TIMEOUT = 300.0  # unmount checkpoints: up to 256 MiB of journal on a busy disk
@@ -41,8 +42,8 @@ def txfs_bin() -> str:
 
 
 def in_mountinfo(point: str) -> bool:
-    with open("/proc/self/mountinfo", encoding="latin-1") as f:
-        return any(len(l.split()) > 4 and l.split()[4] == point for l in f)
+    """A txfs mount is at ``point`` (the client's one mountinfo parser)."""
+    return any(e.point == point for e in mounts.read_mountinfo())
 
 
 class Mount:

@@ -46,16 +46,11 @@ def _mounted(mnt: str) -> bool:
         return False
 
 
-def _in_mountinfo(mnt: str) -> bool:
-    with open("/proc/self/mountinfo", encoding="latin-1") as f:
-        return any(line.split()[4] == mnt for line in f if len(line.split()) > 4)
-
-
 def _unmount(binary: str, mnt: str) -> None:
     # txfs umount first: this process's txfs client keeps descriptors of the
     # mount root between transactions, which a plain umount calls busy
     for cmd in ([binary, "umount", mnt], ["fusermount3", "-u", mnt], ["fusermount", "-u", mnt], ["umount", mnt], ["umount", "-l", mnt]):
-        if not _in_mountinfo(mnt):
+        if not _mounted(mnt):
             return
         try:
             subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False)
@@ -115,7 +110,7 @@ def txfs_mount(request: pytest.FixtureRequest) -> Iterator[TxfsMount]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
-        if not _in_mountinfo(mnt):
+        if not _mounted(mnt):
             shutil.rmtree(base, ignore_errors=True)
         else:
             print(f"WARNING: could not unmount {mnt}", file=sys.__stderr__)

@@ -22,6 +22,8 @@ HERE = Path(__file__).resolve().parent
 EXT = str(HERE.parent / "txfs_vfs")  # SQLite appends .so
 sys.path.insert(0, str(HERE.parent.parent / "python"))
 sys.path.insert(0, str(HERE.parent))
+
+from txfs import mounts  # noqa: E402  (the client package of this repository)
 DEFAULT_BIN = str(HERE.parents[2] / "target" / "debug" / "txfs")  # this checkout's
 
 
@@ -32,8 +34,7 @@ class Mount(NamedTuple):
 
 
 def _mounted(mnt: str) -> bool:
-    with open("/proc/self/mountinfo", encoding="latin-1") as f:
-        return any(len(l.split()) > 4 and l.split()[4] == mnt for l in f)
+    return any(e.point == mnt for e in mounts.read_mountinfo())
 
 
 @pytest.fixture(scope="session")
