@@ -190,3 +190,33 @@ fn the_daemon_log_is_private() {
     assert_eq!(mode, 0o600, "the daemon log's mode");
     assert!(text.starts_with("an old line\n") && text.len() > 12, "the log is appended to: {text:?}");
 }
+
+/// `txfs run` serves its command a transaction view, whose kernel writes
+/// through its page cache and never marks a write for the daemon: a command
+/// that drops to another user still leaves committed modes as ext4 would
+/// (what it stats inside the view may stay stale; see `ops.rs`).
+#[test]
+fn a_write_in_a_transaction_view_drops_setuid_and_setgid_as_on_ext4() {
+    let m = Mount::start_with(&["allow_other"], |_| {});
+    std::fs::set_permissions(m.mnt(), std::fs::Permissions::from_mode(0o777)).expect("chmod mount root");
+    let disk = m.scratch();
+    std::fs::set_permissions(&disk, std::fs::Permissions::from_mode(0o777)).expect("chmod scratch");
+    let mut diffs = Vec::new();
+    for mode in MODES {
+        let name = format!("view-{mode:o}");
+        let want_file = fresh(&disk, &name, mode, 0);
+        let got_file = fresh(m.mnt(), &name, mode, 0);
+        run_as(Caller::Nobody, "append", &want_file, "", &disk);
+        let script = format!("echo more >> {}", got_file.display());
+        let drop = [format!("--reuid={NOBODY}"), format!("--regid={NOBODY}"), "--clear-groups".into()];
+        let out =
+            m.run_cmd(&[], &["setpriv", &drop[0], &drop[1], &drop[2], "sh", "-c", &script]).output().expect("txfs run");
+        assert!(out.status.success(), "txfs run: {}", String::from_utf8_lossy(&out.stderr));
+        let (want, got) = (mode_of(&want_file), mode_of(&got_file));
+        if want != got {
+            diffs.push(format!("{name}: ext4 {want:o}, txfs {got:o}"));
+        }
+    }
+    assert!(m.log_text().contains("serving a transaction view"), "the runs were served views");
+    assert!(diffs.is_empty(), "modes differ from ext4 after a write in a view:\n{}", diffs.join("\n"));
+}

@@ -394,10 +394,14 @@ impl Filesystem for TxFs {
         let batch = batch && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         // The kernel asks to drop setuid/setgid (the caller lacks
         // CAP_FSETID): before the data, in the write's transaction, as
-        // ext4's `file_remove_privs` does before it writes.
-        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
-            && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
-        {
+        // ext4's `file_remove_privs` does before it writes. A view's kernel
+        // writes through its page cache and does not ask (it sent a SETATTR
+        // for what its own rule drops, which leaves setgid without
+        // group-execute to a caller outside the file's group): there a
+        // caller other than root counts as asking.
+        let kill =
+            write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) || (self.view().is_some() && req.uid() != 0);
+        if kill && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
             if let Err(e) = self.kill_suidgid(req, tx, o) {
                 return reply.error(errno(&e));
             }
