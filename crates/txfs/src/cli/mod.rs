@@ -42,7 +42,7 @@ macro_rules! files_help {
   data/              data files: large transactions' data (past 64 MiB) and new
                      files' content (from 16 MiB), written once, not journaled
   lock               held by the daemon or by recover: one user at a time
-  daemon.pid         the daemon's pid;  daemon.log  its log when started without -f"
+  daemon.pid         the daemon's pid;  daemon.log  its log when started without -f (0600)"
     };
 }
 
@@ -53,7 +53,7 @@ enum Cmd {
     /// BACKING is an ordinary directory, possibly full of data; txfs keeps
     /// its journal under BACKING/.txfs/ and hides it from the mount. Without
     /// -f the daemon detaches once the mount serves; its log goes to
-    /// BACKING/.txfs/daemon.log (TXFS_LOG=debug for more).
+    /// BACKING/.txfs/daemon.log, readable by root only (TXFS_LOG=debug for more).
     #[command(after_help = concat!(
         "Examples:\n",
         "  txfs mount /srv/data /mnt/data\n",

@@ -136,11 +136,7 @@ fn daemonize(backing: &Path, point: &Path, options: &[String]) -> Result<(), Str
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
     std::fs::create_dir_all(backing.join(".txfs")).map_err(|e| format!("{}: {e}", backing.display()))?;
     let log_path = backing.join(".txfs/daemon.log");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let log = open_log(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("mount").arg(backing).arg(point).arg("-f");
     for o in options {
@@ -172,4 +168,21 @@ fn daemonize(backing: &Path, point: &Path, options: &[String]) -> Result<(), Str
         std::thread::sleep(Duration::from_millis(20));
     }
     Err(format!("{} did not appear as a mount within 60 s (see {})", point.display(), log_path.display()))
+}
+
+/// The daemon log, for appending, readable by root only: it names paths
+/// inside directories other users may not list. A log left by an older
+/// version with wider permissions is narrowed; a symlink is refused.
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    if log.metadata()?.permissions().mode() & 0o7777 != 0o600 {
+        log.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(log)
 }

@@ -18,7 +18,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
-use txfs_engine::{FileKind, SetAttr};
+use txfs_engine::{FileKind, ObjId, SetAttr, TxId};
 
 impl Filesystem for TxFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -146,6 +146,24 @@ impl Filesystem for TxFs {
         let tx = match fh {
             Some(fh) => self.tx_fh(req, fh),
             None => self.tx_at(req, ino),
+        };
+        // A truncation or chown by a caller other than root: the kernel
+        // already sent the mode without setuid, and without setgid if
+        // group-execute is set; like ext4, setgid also goes when the caller
+        // is not in the file's (old) group (see `kill_suidgid`).
+        let mode = match size.is_some() || uid.is_some() || gid.is_some() {
+            true if req.uid() != 0 => match self.engine.getattr(tx, self.obj(ino)) {
+                Ok(a) if a.kind == FileKind::File => {
+                    let given = mode.unwrap_or(a.mode) & 0o7777;
+                    match sgid_kept(given) || in_group(req, a.gid) {
+                        true => mode,
+                        false => Some(given & !libc::S_ISGID),
+                    }
+                }
+                Ok(_) => mode,
+                Err(e) => return reply.error(errno(&e)),
+            },
+            _ => mode,
         };
         let set = SetAttr { mode, uid, gid, size, atime: atime.map(stamp), mtime: mtime.map(stamp) };
         match self.engine.setattr(tx, self.obj(ino), &set) {
@@ -374,6 +392,20 @@ impl Filesystem for TxFs {
             return reply.error(Errno::EBADF);
         };
         let batch = batch && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        // The kernel asks to drop setuid/setgid (the caller lacks
+        // CAP_FSETID): before the data, in the write's transaction, as
+        // ext4's `file_remove_privs` does before it writes. A view's kernel
+        // writes through its page cache and does not ask (it sent a SETATTR
+        // for what its own rule drops, which leaves setgid without
+        // group-execute to a caller outside the file's group): there a
+        // caller other than root counts as asking.
+        let kill =
+            write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) || (self.view().is_some() && req.uid() != 0);
+        if kill && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            if let Err(e) = self.kill_suidgid(req, tx, o) {
+                return reply.error(errno(&e));
+            }
+        }
         // O_APPEND appends at the end of the file as this transaction sees it.
         // A write-back carries its offset (the kernel picks any writable
         // handle for it, maybe an O_APPEND one).
@@ -672,4 +704,81 @@ impl Filesystem for TxFs {
             Err(e) => reply.error(e),
         }
     }
+}
+
+/// Setuid and setgid: what a write or truncation by a caller without
+/// CAP_FSETID leaves of them, as Linux's `setattr_should_drop_suidgid`
+/// decides for ext4: setuid always goes; setgid goes when group-execute is
+/// set (the file is a setgid program), or when the caller is not a member
+/// of the file's group.
+impl TxFs {
+    /// Drops setuid/setgid of `o` as the kernel asked (`FUSE_WRITE_KILL_SUIDGID`),
+    /// in `tx`: an aborted transaction leaves the bits as they were, and a
+    /// plain write drops them in a one-operation transaction of its own just
+    /// before its data (ext4 too changes the mode before it writes).
+    ///
+    /// Every write of a caller other than root asks. Inside a transaction
+    /// the committed mode is looked at first, which enters no read set: a
+    /// transaction's writes do not start to conflict with other commits'
+    /// attribute changes. Only a file that has the bits committed, or that
+    /// the transaction created, is read in the transaction (a file the
+    /// transaction itself made setuid with chmod keeps the bit, as if the
+    /// chmod came after the write).
+    fn kill_suidgid(&self, req: &Request, tx: Option<TxId>, o: ObjId) -> txfs_engine::Result<()> {
+        let sxid = |m: u32| m & (libc::S_ISUID | libc::S_ISGID) != 0;
+        if let Some(t) = tx {
+            let committed = self.engine.getattr(None, o).map(|a| sxid(a.mode)).unwrap_or(false);
+            if !committed && !self.engine.created_by(t, o) {
+                return Ok(());
+            }
+        }
+        let a = self.engine.getattr(tx, o)?;
+        let old = a.mode & 0o7777;
+        if a.kind != FileKind::File || !sxid(old) {
+            return Ok(());
+        }
+        let mut mode = old & !libc::S_ISUID;
+        if old & libc::S_ISGID != 0 && (old & libc::S_IXGRP != 0 || !in_group(req, a.gid)) {
+            mode &= !libc::S_ISGID;
+        }
+        if mode == old {
+            return Ok(());
+        }
+        self.engine.setattr(tx, o, &SetAttr { mode: Some(mode), ..SetAttr::default() })?;
+        // Committed at once: the kernel may hold the old mode for the
+        // cache's TTL (a transaction's change is private, and while one is
+        // live nothing is cached). Attributes only, so no folio lock is
+        // taken and this may run on a request thread.
+        if let (None, Some(n)) = (tx, self.shared_mount().and_then(|s| s.notifier.get())) {
+            for ino in self.all_ids(vec![o]) {
+                // ENOENT: the kernel has no inode for it, nothing to drop.
+                let _ = n.inval_inode(ino, -1, 0);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a truncation or chown leaves setgid of a file with `mode` as
+/// the kernel sent it: no setgid, or the group-execute case (the kernel
+/// dropped setuid, and setgid with group-execute, itself). The caller's
+/// group membership decides the rest. The kernel asks nothing of a caller
+/// with CAP_FSETID; a non-root one is taken for a caller without it.
+fn sgid_kept(mode: u32) -> bool {
+    mode & libc::S_ISGID == 0 || mode & libc::S_IXGRP != 0
+}
+
+/// Whether the request's caller is a member of group `gid`: its file-system
+/// gid, or one of its supplementary groups (the `Groups:` line of its
+/// thread's /proc status). Read only for a setgid file without
+/// group-execute; a caller /proc cannot tell about counts as no member.
+fn in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
 }
