@@ -353,3 +353,56 @@ out = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])");
     nobody.ok("fd2 = os.open(M, os.O_RDONLY | os.O_DIRECTORY); fcntl.ioctl(fd2, 0x4008e703, bytes(8)); out = 0");
     assert!(wait_until(Duration::from_secs(5), || m.live_txs() == 0));
 }
+
+/// A setuid program that inherits a descriptor its caller opened inside
+/// the transaction (a private node id of it) and changes the file through
+/// it (fchmod, fsetxattr: requests on the node, without a handle): the
+/// change is not the caller's to roll back. The program is a setuid-root
+/// copy of python3, removed at the end.
+#[test]
+fn a_setuid_program_acting_on_an_inherited_descriptor_is_outside_the_transaction() {
+    let m = shared_mount();
+    let dir = m.scratch();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let py = dir.join("suid-python");
+    std::fs::copy(std::fs::canonicalize(python()).unwrap(), &py).unwrap();
+    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let mnt = m.mnt().to_str().unwrap();
+    // nobody makes the file (plainly), begins, opens it in the
+    // transaction, and executes the setuid program with the descriptor.
+    let script = format!(
+        "import os, fcntl
+p = {mnt:?} + '/pub/f'
+open(p, 'w').write('x')
+os.chmod(p, 0o644)
+fd = os.open({mnt:?}, os.O_RDONLY | os.O_DIRECTORY)
+fcntl.ioctl(fd, 0x4008e701, bytes(8))
+f = os.open(p, os.O_RDONLY)
+os.set_inheritable(f, True)
+os.execv({py:?}, ['suid-python', '-c', 'import os; assert os.geteuid() == 0; os.fchmod(%d, 0o600); os.setxattr(%d, \"user.by\", b\"root\")' % (f, f)])",
+        py = py.to_str().unwrap()
+    );
+    let mut c = std::process::Command::new(python());
+    c.uid(NOBODY).gid(NOBODY).arg("-c").arg(&script).current_dir("/");
+    let st = c.status().unwrap();
+    let _ = std::fs::remove_file(&py);
+    assert!(st.success(), "the setuid program: {st}");
+    assert!(wait_until(Duration::from_secs(5), || m.live_txs() == 0), "the caller's transaction is aborted");
+    let md = std::fs::metadata(m.path("pub/f")).unwrap();
+    assert_eq!(md.mode() & 0o7777, 0o600, "the setuid program's fchmod stays");
+    assert_eq!(xattr(&m.path("pub/f"), "user.by").as_deref(), Some(&b"root"[..]), "and its fsetxattr");
+}
+
+/// The value of extended attribute `name` of `path`, if any.
+fn xattr(path: &std::path::Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 256];
+    // SAFETY: NUL-terminated strings and a buffer of the given size.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (r >= 0).then(|| {
+        buf.truncate(r as usize);
+        buf
+    })
+}

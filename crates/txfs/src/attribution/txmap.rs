@@ -41,7 +41,8 @@
 //!   transaction, exactly as on a file system without transactions (its
 //!   writes are plain and durable, the owner can neither see them as its own
 //!   nor roll them back, and it does not see the owner's uncommitted
-//!   files). Its `BEGIN`, `COMMIT` and `ABORT` fail with EPERM while the
+//!   files, not even through a descriptor the owner opened in the
+//!   transaction: [`TxMap::admits`]). Its `BEGIN`, `COMMIT` and `ABORT` fail with EPERM while the
 //!   owner's transaction lives (the thread id keys one entry). A
 //!   transaction begun by root (uid 0) admits every credential: root could
 //!   undo what a program that dropped privileges does anyway (and a
@@ -142,8 +143,6 @@ pub struct TreeTx {
     /// The `txfs run` process that registered the tree and ends it.
     pub owner: u32,
     pub owner_start: u64,
-    /// The credentials of `RUN_BEGIN`'s caller (its child has the same).
-    pub creds: Creds,
 }
 
 /// A thread's cached tree membership: its start time, the tree's
@@ -220,6 +219,8 @@ struct Inner {
     last: HashMap<u32, std::collections::VecDeque<(TxId, bool)>>,
     /// Transactions of threads found dead by a request: the reaper aborts them.
     orphans: Vec<TxId>,
+    /// The credentials each live transaction was begun with (thread or tree).
+    owners: HashMap<TxId, Creds>,
 }
 
 /// Past this many threads remembered in `last`, it starts over (a thread
@@ -261,14 +262,20 @@ impl TxMap {
             (g.cache.get(&tid).cloned(), g.trees_gen)
         };
         let found = self.member(tid, cached, gen)?;
-        self.tree_admits(found, c).then_some(found)
+        self.admits(found, c).then_some(found)
     }
 
-    /// Whether tree transaction `tx` admits the caller's credentials (an
-    /// ended tree's: yes, the engine refuses it anyway).
-    fn tree_admits(&self, tx: TxId, c: Caller) -> bool {
-        let g = self.inner.lock();
-        g.trees.values().find(|t| t.tx == tx).is_none_or(|t| admits(t.creds, c.creds()))
+    /// Whether transaction `tx` admits the caller's credentials (an ended
+    /// one's: yes, the engine refuses it anyway). Also for requests on a
+    /// transaction's private node ids (`TxFs::tx_at`): a setuid program
+    /// acting through a descriptor its caller opened in the transaction.
+    pub fn admits(&self, tx: TxId, c: Caller) -> bool {
+        self.inner.lock().owners.get(&tx).is_none_or(|o| admits(*o, c.creds()))
+    }
+
+    /// Forgets ended transaction `tx`'s credentials.
+    pub fn forget(&self, tx: TxId) {
+        self.inner.lock().owners.remove(&tx);
     }
 
     /// Tree membership of `tid` (cached, or worked out from /proc).
@@ -443,7 +450,7 @@ impl TxMap {
                 g.trees_gen
             };
             let start = Start::Pending(boot_tick());
-            let in_tree = self.tree_of(tid).filter(|t| self.tree_admits(*t, c));
+            let in_tree = self.tree_of(tid).filter(|t| self.admits(*t, c));
             let pidfd = thread_pidfd(tid);
             let mut g = self.inner.lock();
             if g.trees_gen != gen {
@@ -453,6 +460,9 @@ impl TxMap {
                 Some(tx) => (tx, false),
                 None => ((make.take().expect("made once: the loop ends here"))(), true),
             };
+            if owned {
+                g.owners.insert(tx, c.creds());
+            }
             g.threads.insert(tid, ThreadTx { tx, depth: 1, owned, start, pidfd, creds: c.creds() });
             return Ok(tx);
         }
@@ -493,10 +503,12 @@ impl TxMap {
 
     /// Registers `root`'s process tree as transaction `tx`, ended by
     /// `owner`; `starts` from [`super::procfs::tree_starts`], read before (not under the lock).
-    /// `creds`: the caller's; a request with others is not the tree's.
+    /// `creds`: the caller's (its child has the same); a request with
+    /// others is not the tree's.
     pub fn add_tree(&self, root: u32, owner: u32, tx: TxId, starts: (u64, u64), creds: Creds) {
         let mut g = self.inner.lock();
-        g.trees.insert(root, TreeTx { tx, root_start: starts.0, owner, owner_start: starts.1, creds });
+        g.trees.insert(root, TreeTx { tx, root_start: starts.0, owner, owner_start: starts.1 });
+        g.owners.insert(tx, creds);
         let old = std::mem::take(&mut g.cache);
         g.trees_gen += 1;
         drop(g);

@@ -306,6 +306,7 @@ impl TxFs {
                 for dead in t.reap() {
                     tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
                     let (_, pages) = end_tx(&e, Some(&p), &g, None, Some(&vs), dead, None);
+                    t.forget(dead);
                     let _ = inval.send((pg.keep(pages), Box::new(|| {})));
                 }
             })
@@ -358,7 +359,9 @@ impl TxFs {
     fn end_tx(&self, tx: TxId, commit: Option<Durability>) -> (Result<(), Error>, Vec<INodeNo>) {
         let s = self.shared_mount();
         let (private, views) = (s.map(|s| &*s.private), s.map(|s| &*s.views));
-        end_tx(&self.engine, private, self.shared_gate(), self.notifier(), views, tx, commit)
+        let r = end_tx(&self.engine, private, self.shared_gate(), self.notifier(), views, tx, commit);
+        self.txs.forget(tx);
+        r
     }
 
     /// The shared mount's gate, also in a view: the gate a transaction
