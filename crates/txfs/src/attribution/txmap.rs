@@ -493,12 +493,14 @@ impl TxMap {
             return None;
         }
         let t = g.threads.remove(&tid)?;
+        drop(g); // its pidfd is closed outside the lock
         Some((t.tx, t.owned))
     }
 
     /// Drops `tid`'s transaction whatever its depth (abort).
     pub fn drop_thread(&self, tid: u32) -> Option<(TxId, bool)> {
-        self.inner.lock().threads.remove(&tid).map(|t| (t.tx, t.owned))
+        let t = self.inner.lock().threads.remove(&tid); // its pidfd closed outside the lock
+        t.map(|t| (t.tx, t.owned))
     }
 
     /// Registers `root`'s process tree as transaction `tx`, ended by
@@ -773,6 +775,65 @@ mod tests {
         // The same id, but a thread that started after the begin: not ours.
         m.inner.lock().threads.get_mut(&me).unwrap().start = Start::Pending(start_time(me).unwrap() - 1);
         assert_eq!(m.reap(), vec![TxId(1)], "a younger thread with the begin's id is another thread");
+    }
+
+    /// Every request proves the owner: a thread entry whose thread exited
+    /// (its pidfd says so) is dropped at the next request of its id and
+    /// handed to the reaper; without a pidfd, a thread that started after
+    /// the begin is another one; other credentials are not the owner's
+    /// (root's transactions admit any).
+    #[test]
+    fn a_request_proves_the_owner_thread_and_its_credentials() {
+        let map = std::sync::Arc::new(TxMap::default());
+        let user = |tid, uid| Caller { tid, uid, gid: uid };
+        // A thread begins and exits: its id, asked again, is in nothing.
+        let m2 = map.clone();
+        let dead = std::thread::spawn(move || {
+            let tid = gettid();
+            m2.begin(user(tid, 1000), || TxId(3)).unwrap();
+            tid
+        })
+        .join()
+        .unwrap();
+        if map.inner.lock().threads[&dead].pidfd.is_some() {
+            // The pidfd polls readable once the thread exited, a moment
+            // after join() returns.
+            assert!(wait(|| map.of(user(dead, 1000)).is_none()), "a dead thread's id is in no transaction");
+            assert!(map.thread(dead).is_none(), "its entry is dropped by the request");
+            assert_eq!(map.reap(), vec![TxId(3)], "and its transaction handed to the reaper");
+        }
+        // Without a pidfd: a thread that started after the begin's tick.
+        let me = gettid();
+        map.begin(user(me, 1000), || TxId(4)).unwrap();
+        assert_eq!(map.of(user(me, 1000)), Some(TxId(4)));
+        assert_eq!(map.claim(user(me, 0)), Claim::Foreign, "root is not a user's transaction's owner");
+        assert_eq!(map.of(user(me, 1001)), None, "other credentials are outside");
+        assert_eq!(map.begin(user(me, 1001), || TxId(5)), Err(libc::EPERM));
+        assert!(map.admits(TxId(4), user(me, 1000)) && !map.admits(TxId(4), user(me, 1001)));
+        {
+            let mut g = map.inner.lock();
+            let t = g.threads.get_mut(&me).unwrap();
+            t.pidfd = None;
+            t.start = Start::Pending(start_time(me).unwrap() - 1);
+        }
+        assert_eq!(map.of(user(me, 1000)), None, "a younger thread with the begin's id is another thread");
+        assert_eq!(map.reap(), vec![TxId(4)]);
+        // Root's transaction admits every credential.
+        map.begin(user(me, 0), || TxId(6)).unwrap();
+        assert_eq!(map.of(user(me, 1000)), Some(TxId(6)));
+        map.forget(TxId(6));
+        map.drop_thread(me);
+    }
+
+    fn wait(mut f: impl FnMut() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !f() {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
     }
 
     /// A thread whose name is not valid UTF-8 (cut inside a character at 15
