@@ -121,6 +121,28 @@ pub(super) fn tgid_ppid(tid: u32) -> Option<(u32, u32)> {
     Some((tgid?, ppid?))
 }
 
+/// Whether every uid (real, effective, saved, file system) of process
+/// `pid` is `uid` and every gid is `gid` (`false` if /proc cannot tell).
+pub fn has_only_creds(pid: u32, uid: u32, gid: u32) -> bool {
+    let Ok(s) = read_proc(&format!("/proc/{pid}/status")) else { return false };
+    let all = |key: &str, want: u32| {
+        s.lines().find_map(|l| l.strip_prefix(key)).is_some_and(|v| {
+            let ids: Vec<&str> = v.split_whitespace().collect();
+            ids.len() == 4 && ids.iter().all(|i| i.parse() == Ok(want))
+        })
+    };
+    all("Uid:", uid) && all("Gid:", gid)
+}
+
+/// Whether thread `tid` has `gid` among its supplementary groups.
+pub fn in_group(tid: u32, gid: u32) -> bool {
+    read_proc(&format!("/proc/{tid}/status")).is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .is_some_and(|v| v.split_whitespace().any(|g| g.parse() == Ok(gid)))
+    })
+}
+
 /// Parent process of `pid`.
 pub fn parent_of(pid: u32) -> Option<u32> {
     tgid_ppid(pid).map(|(_, p)| p)

@@ -12,9 +12,46 @@
 //!   tree's root. Membership is found by walking `PPid` in /proc and cached
 //!   per thread (the cache is dropped whenever a tree begins or ends).
 //!
-//! Process identity is (pid, start time): a pid reused by a new process is a
-//! different process. A reaper aborts transactions whose thread or whose
-//! owning `txfs run` process has exited.
+//! ## Whose transaction: proven on every request
+//!
+//! A thread id names a thread only while it lives: once it exits, the
+//! kernel may hand the id to a thread of any process, of any user. So a
+//! transaction belongs to one live thread (or one process tree) *and* to
+//! the credentials it was begun with, and both are checked on every
+//! request that would act in it ([`TxMap::of`], [`TxMap::claim`]):
+//!
+//! * **Identity.** A begin takes a pidfd of the calling thread
+//!   (`pidfd_open(tid, PIDFD_THREAD)`, Linux 6.9+); each request polls it
+//!   without blocking (about a microsecond). While it polls as running, the
+//!   thread id is still that thread — a reused id is another thread, which
+//!   this pidfd never names. Once it polls as exited, the entry is dropped
+//!   on the spot (the newcomer's request is served as if no transaction
+//!   existed: plain) and the dead thread's transaction handed to the reaper,
+//!   which is woken to abort it at once. Without thread pidfds (older
+//!   kernels, or out of descriptors) each request reads the thread's start
+//!   time from /proc instead (~10 µs) and compares it with the begin's
+//!   clock tick (a thread that started after the begin is another thread).
+//!   Tree members are identified the same way (their cached membership is
+//!   trusted only while their pidfd runs); a tree's `txfs run` owner by
+//!   (pid, start time), compared at `RUN_COMMIT` and `RUN_ABORT`.
+//! * **Credentials.** The request header's uid and gid (the caller's
+//!   fsuid/fsgid) are recorded at the begin. A request from the same thread
+//!   or tree with other credentials — a setuid or setgid program the owner
+//!   executed — is *not* the transaction's: it is served outside any
+//!   transaction, exactly as on a file system without transactions (its
+//!   writes are plain and durable, the owner can neither see them as its own
+//!   nor roll them back, and it does not see the owner's uncommitted
+//!   files, not even through a descriptor the owner opened in the
+//!   transaction: [`TxMap::admits`]). Its `BEGIN`, `COMMIT` and `ABORT` fail with EPERM while the
+//!   owner's transaction lives (the thread id keys one entry). A
+//!   transaction begun by root (uid 0) admits every credential: root could
+//!   undo what a program that dropped privileges does anyway (and a
+//!   transaction view, which only root gets, serves every request as its
+//!   transaction's). `RUN_BEGIN` by a non-root caller refuses (EPERM) a
+//!   child whose uids or gids are not all the caller's.
+//!
+//! A reaper also aborts, every 250 ms, transactions whose thread or whose
+//! owning `txfs run` process has exited without sending another request.
 
 use super::procfs::{certainly_gone, probe, start_time, tgid_ppid, Probe};
 use parking_lot::Mutex;
@@ -30,6 +67,46 @@ pub struct ThreadTx {
     /// False if this begin only nested inside a tree transaction.
     pub owned: bool,
     pub start: Start,
+    /// A pidfd of the thread that began (`PIDFD_THREAD`), when the kernel
+    /// gives one: it polls readable once that thread exited.
+    pub pidfd: Option<Arc<OwnedFd>>,
+    /// The begin's credentials (request header uid, gid).
+    pub creds: Creds,
+}
+
+/// A request header's credentials: (uid, gid), the caller's fsuid/fsgid.
+pub type Creds = (u32, u32);
+
+/// Who sent a request: the header's thread id and credentials.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub tid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Caller {
+    pub fn creds(&self) -> Creds {
+        (self.uid, self.gid)
+    }
+}
+
+/// Whether a request with credentials `c` may act in a transaction begun
+/// with `owner`'s: the same ones, or any if root began it.
+fn admits(owner: Creds, c: Creds) -> bool {
+    owner.0 == 0 || owner == c
+}
+
+/// What [`TxMap::claim`] found for a caller's thread id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// No transaction of this thread (a dead thread's was dropped).
+    None,
+    /// The caller's own transaction (thread entry, maybe nested in a tree).
+    Own(TxId),
+    /// The thread's transaction, but begun with other credentials: not the
+    /// caller's to act in (see the module docs).
+    Foreign,
 }
 
 /// Which thread a [`ThreadTx`] belongs to, for the reaper (thread ids are
@@ -123,6 +200,8 @@ const CACHE_MAX: usize = 4096;
 #[derive(Default)]
 pub struct TxMap {
     inner: Mutex<Inner>,
+    /// Wakes the reaper when a request found a dead owner's transaction.
+    wake: parking_lot::Condvar,
 }
 
 #[derive(Default)]
@@ -138,6 +217,10 @@ struct Inner {
     /// How each thread's last transactions of its own ended (oldest first):
     /// (it, committed).
     last: HashMap<u32, std::collections::VecDeque<(TxId, bool)>>,
+    /// Transactions of threads found dead by a request: the reaper aborts them.
+    orphans: Vec<TxId>,
+    /// The credentials each live transaction was begun with (thread or tree).
+    owners: HashMap<TxId, Creds>,
 }
 
 /// Past this many threads remembered in `last`, it starts over (a thread
@@ -147,27 +230,56 @@ const LAST_MAX: usize = 1 << 16;
 const LAST_PER_THREAD: usize = 64;
 
 impl TxMap {
-    /// The transaction of thread `tid`, if any.
+    /// The transaction of the caller, if any: its thread's own (only while
+    /// that thread is the one that began, with the begin's credentials), or
+    /// its process tree's (with the tree's credentials).
     ///
     /// No /proc read happens under the lock: while a tree is live, every
     /// request of a thread outside a thread transaction checks its tree
     /// membership here (~10 µs per /proc file; a thread seen before costs a
     /// `poll` of its pidfd instead), and holding the lock for that would
     /// serialize all requests of the mount.
-    pub fn of(&self, tid: u32) -> Option<TxId> {
+    pub fn of(&self, c: Caller) -> Option<TxId> {
+        let tid = c.tid;
         if tid == 0 {
             return None;
         }
         let (cached, gen) = {
             let g = self.inner.lock();
             if let Some(t) = g.threads.get(&tid) {
-                return Some(t.tx);
+                let t = (t.tx, t.start, t.pidfd.clone(), t.creds, t.owned);
+                drop(g);
+                return match self.judge(c, t) {
+                    Claim::Own(tx) => Some(tx),
+                    Claim::Foreign => None,
+                    // Dropped: whatever else the caller is (a tree member).
+                    Claim::None => self.of(c),
+                };
             }
             if g.trees.is_empty() {
                 return None;
             }
             (g.cache.get(&tid).cloned(), g.trees_gen)
         };
+        let found = self.member(tid, cached, gen)?;
+        self.admits(found, c).then_some(found)
+    }
+
+    /// Whether transaction `tx` admits the caller's credentials (an ended
+    /// one's: yes, the engine refuses it anyway). Also for requests on a
+    /// transaction's private node ids (`TxFs::tx_at`): a setuid program
+    /// acting through a descriptor its caller opened in the transaction.
+    pub fn admits(&self, tx: TxId, c: Caller) -> bool {
+        self.inner.lock().owners.get(&tx).is_none_or(|o| admits(*o, c.creds()))
+    }
+
+    /// Forgets ended transaction `tx`'s credentials.
+    pub fn forget(&self, tx: TxId) {
+        self.inner.lock().owners.remove(&tx);
+    }
+
+    /// Tree membership of `tid` (cached, or worked out from /proc).
+    fn member(&self, tid: u32, cached: Option<Member>, gen: u64) -> Option<TxId> {
         // A thread id can be reused by an unrelated process: the cached
         // answer holds only for the same thread — its pidfd still running,
         // or (without one) the same start time.
@@ -204,6 +316,65 @@ impl TxMap {
         drop(g);
         drop(old);
         found
+    }
+
+    /// What the caller's thread id has: its own live transaction, one begun
+    /// with other credentials, or nothing. A transaction whose thread exited
+    /// (the caller is a newcomer with its id) is dropped here and handed to
+    /// the reaper to abort.
+    pub fn claim(&self, c: Caller) -> Claim {
+        let t = {
+            let g = self.inner.lock();
+            match g.threads.get(&c.tid) {
+                Some(t) => (t.tx, t.start, t.pidfd.clone(), t.creds, t.owned),
+                None => return Claim::None,
+            }
+        };
+        self.judge(c, t)
+    }
+
+    /// [`TxMap::claim`] on a thread entry read under the lock; checked
+    /// outside it (a /proc read without a pidfd).
+    fn judge(
+        &self,
+        c: Caller,
+        (tx, start, pidfd, creds, owned): (TxId, Start, Option<Arc<OwnedFd>>, Creds, bool),
+    ) -> Claim {
+        let alive = match &pidfd {
+            Some(fd) => still_running(fd),
+            None => match probe(c.tid) {
+                Probe::Alive(s) => match start {
+                    Start::Known(k) => s == k,
+                    Start::Pending(begun) => s <= begun,
+                },
+                Probe::Gone => false,
+                // Nothing may be concluded: the reaper asks again.
+                Probe::Unknown => true,
+            },
+        };
+        if alive {
+            return if admits(creds, c.creds()) { Claim::Own(tx) } else { Claim::Foreign };
+        }
+        let mut g = self.inner.lock();
+        if g.threads.get(&c.tid).is_some_and(|t| t.tx == tx && t.start == start) {
+            g.threads.remove(&c.tid);
+            // Its outcomes are not the newcomer's either.
+            g.last.remove(&c.tid);
+            if owned {
+                g.orphans.push(tx);
+                self.wake.notify_one();
+            }
+        }
+        Claim::None
+    }
+
+    /// Waits up to `d` for the reaper's next round (woken early when a
+    /// request found a dead thread's transaction).
+    pub fn nap(&self, d: std::time::Duration) {
+        let mut g = self.inner.lock();
+        if g.orphans.is_empty() {
+            self.wake.wait_for(&mut g, d);
+        }
     }
 
     /// The tree `tid` belongs to, walking /proc outside the lock.
@@ -251,25 +422,36 @@ impl TxMap {
         self.inner.lock().threads.get(&tid).map(|t| (t.tx, t.depth, t.owned))
     }
 
-    /// Records a begin by `tid`. `make` creates a transaction when the
-    /// thread is not in one yet. Returns the transaction. Only `tid` itself
+    /// Records a begin by the caller. `make` creates a transaction when the
+    /// thread is not in one yet. Returns the transaction, or EPERM if the
+    /// thread is in one begun with other credentials. Only `tid` itself
     /// begins for `tid` (the ioctl comes from that thread), so nothing else
     /// adds it between the two locked sections; /proc is read between them.
     /// If a tree began or ended meanwhile (`trees_gen`), membership is
     /// worked out again: a thread must never join a tree that has ended.
-    pub fn begin(&self, tid: u32, make: impl FnOnce() -> TxId) -> TxId {
+    /// A tree whose credentials are not the caller's is not joined: the
+    /// begin makes a transaction of the caller's own.
+    pub fn begin(&self, c: Caller, make: impl FnOnce() -> TxId) -> Result<TxId, i32> {
+        let tid = c.tid;
+        if self.claim(c) == Claim::Foreign {
+            return Err(libc::EPERM);
+        }
         let mut make = Some(make);
         loop {
             let gen = {
                 let mut g = self.inner.lock();
                 if let Some(t) = g.threads.get_mut(&tid) {
+                    if !admits(t.creds, c.creds()) {
+                        return Err(libc::EPERM);
+                    }
                     t.depth += 1;
-                    return t.tx;
+                    return Ok(t.tx);
                 }
                 g.trees_gen
             };
             let start = Start::Pending(boot_tick());
-            let in_tree = self.tree_of(tid);
+            let in_tree = self.tree_of(tid).filter(|t| self.admits(*t, c));
+            let pidfd = thread_pidfd(tid);
             let mut g = self.inner.lock();
             if g.trees_gen != gen {
                 continue;
@@ -278,20 +460,27 @@ impl TxMap {
                 Some(tx) => (tx, false),
                 None => ((make.take().expect("made once: the loop ends here"))(), true),
             };
-            g.threads.insert(tid, ThreadTx { tx, depth: 1, owned, start });
-            return tx;
+            if owned {
+                g.owners.insert(tx, c.creds());
+            }
+            g.threads.insert(tid, ThreadTx { tx, depth: 1, owned, start, pidfd, creds: c.creds() });
+            return Ok(tx);
         }
     }
 
-    /// Records a begin by `tid` that nests into `tx`, which it does not own
-    /// (a thread in a transaction view: everything there is the view's).
-    pub fn join(&self, tid: u32, tx: TxId) {
-        if let Some(t) = self.inner.lock().threads.get_mut(&tid) {
-            t.depth += 1;
-            return;
+    /// Records a begin by the caller that nests into `tx`, which it does
+    /// not own (a thread in a transaction view: everything there is the
+    /// view's).
+    pub fn join(&self, c: Caller, tx: TxId) {
+        if self.claim(c) != Claim::None {
+            if let Some(t) = self.inner.lock().threads.get_mut(&c.tid) {
+                t.depth += 1;
+                return;
+            }
         }
-        let start = Start::Pending(boot_tick());
-        self.inner.lock().threads.insert(tid, ThreadTx { tx, depth: 1, owned: false, start });
+        let (start, pidfd) = (Start::Pending(boot_tick()), thread_pidfd(c.tid));
+        let t = ThreadTx { tx, depth: 1, owned: false, start, pidfd, creds: c.creds() };
+        self.inner.lock().threads.insert(c.tid, t);
     }
 
     /// Ends one level of `tid`'s transaction. Returns `Some((tx, owned))`
@@ -304,27 +493,33 @@ impl TxMap {
             return None;
         }
         let t = g.threads.remove(&tid)?;
+        drop(g); // its pidfd is closed outside the lock
         Some((t.tx, t.owned))
     }
 
     /// Drops `tid`'s transaction whatever its depth (abort).
     pub fn drop_thread(&self, tid: u32) -> Option<(TxId, bool)> {
-        self.inner.lock().threads.remove(&tid).map(|t| (t.tx, t.owned))
+        let t = self.inner.lock().threads.remove(&tid); // its pidfd closed outside the lock
+        t.map(|t| (t.tx, t.owned))
     }
 
     /// Registers `root`'s process tree as transaction `tx`, ended by
     /// `owner`; `starts` from [`super::procfs::tree_starts`], read before (not under the lock).
-    pub fn add_tree(&self, root: u32, owner: u32, tx: TxId, starts: (u64, u64)) {
+    /// `creds`: the caller's (its child has the same); a request with
+    /// others is not the tree's.
+    pub fn add_tree(&self, root: u32, owner: u32, tx: TxId, starts: (u64, u64), creds: Creds) {
         let mut g = self.inner.lock();
         g.trees.insert(root, TreeTx { tx, root_start: starts.0, owner, owner_start: starts.1 });
+        g.owners.insert(tx, creds);
         let old = std::mem::take(&mut g.cache);
         g.trees_gen += 1;
         drop(g);
         drop(old); // its pidfds closed outside the lock
     }
 
-    pub fn tree(&self, root: u32) -> Option<(TxId, u32)> {
-        self.inner.lock().trees.get(&root).map(|t| (t.tx, t.owner))
+    /// The tree of `root`: its transaction, owner and owner's start time.
+    pub fn tree(&self, root: u32) -> Option<(TxId, u32, u64)> {
+        self.inner.lock().trees.get(&root).map(|t| (t.tx, t.owner, t.owner_start))
     }
 
     pub fn remove_tree(&self, root: u32) -> Option<TxId> {
@@ -344,13 +539,18 @@ impl TxMap {
     pub fn reap(&self) -> Vec<TxId> {
         let (threads, owners) = {
             let g = self.inner.lock();
-            let threads: Vec<(u32, TxId, Start)> = g.threads.iter().map(|(tid, t)| (*tid, t.tx, t.start)).collect();
+            let threads: Vec<(u32, TxId, Start, Option<Arc<OwnedFd>>)> =
+                g.threads.iter().map(|(tid, t)| (*tid, t.tx, t.start, t.pidfd.clone())).collect();
             let owners: Vec<(u32, u32, u64)> = g.trees.iter().map(|(r, t)| (*r, t.owner, t.owner_start)).collect();
             (threads, owners)
         };
         let mut gone_threads = Vec::new();
         let mut learned = Vec::new();
-        for (tid, tx, start) in threads {
+        for (tid, tx, start, pidfd) in threads {
+            if pidfd.is_some_and(|fd| !still_running(&fd)) {
+                gone_threads.push((tid, tx, start));
+                continue;
+            }
             match start {
                 Start::Known(s) => {
                     if certainly_gone(tid, s) {
@@ -368,7 +568,7 @@ impl TxMap {
         let gone_trees: Vec<_> =
             owners.into_iter().filter(|(_, owner, start)| certainly_gone(*owner, *start)).collect();
         let mut g = self.inner.lock();
-        let mut dead = Vec::new();
+        let mut dead = std::mem::take(&mut g.orphans);
         for (tid, tx, start, s) in learned {
             if let Some(t) = g.threads.get_mut(&tid).filter(|t| t.tx == tx && t.start == start) {
                 t.start = Start::Known(s);
@@ -429,11 +629,11 @@ mod tests {
         let map = TxMap::default();
         let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
         let me = std::process::id();
-        assert_eq!(map.of(child.id()), None);
-        map.add_tree(me, me, TxId(7), tree_starts(me, me).unwrap());
-        assert_eq!(map.of(child.id()), Some(TxId(7)), "a child of the root is in the tree");
+        assert_eq!(map.of(c(child.id())), None);
+        map.add_tree(me, me, TxId(7), tree_starts(me, me).unwrap(), (0, 0));
+        assert_eq!(map.of(c(child.id())), Some(TxId(7)), "a child of the root is in the tree");
         map.remove_tree(me);
-        assert_eq!(map.of(child.id()), None);
+        assert_eq!(map.of(c(child.id())), None);
         child.kill().unwrap();
         child.wait().unwrap();
     }
@@ -447,8 +647,8 @@ mod tests {
         let map = TxMap::default();
         let me = std::process::id();
         let mut member = scopeguard(std::process::Command::new("sleep").arg("30").spawn().unwrap());
-        map.add_tree(me, me, TxId(9), tree_starts(me, me).unwrap());
-        assert_eq!(map.of(member.id()), Some(TxId(9)));
+        map.add_tree(me, me, TxId(9), tree_starts(me, me).unwrap(), (0, 0));
+        assert_eq!(map.of(c(member.id())), Some(TxId(9)));
         let cached = map.inner.lock().cache.get(&member.id()).cloned().expect("cached");
         let Some(fd) = cached.2 else {
             eprintln!("skipped: no thread pidfds (PIDFD_THREAD, Linux 6.9+)");
@@ -457,13 +657,13 @@ mod tests {
         assert!(still_running(&fd));
         // A sentinel in the cache: answered from it while the thread runs.
         map.inner.lock().cache.get_mut(&member.id()).unwrap().1 = Some(TxId(99));
-        assert_eq!(map.of(member.id()), Some(TxId(99)), "answered from the cache");
+        assert_eq!(map.of(c(member.id())), Some(TxId(99)), "answered from the cache");
         member.kill().unwrap();
         member.wait().unwrap();
         assert!(!still_running(&fd), "an exited thread's pidfd must not pass for running");
         // Its id, asked again: worked out anew (gone: no tree), not the
         // sentinel of the thread that exited.
-        assert_eq!(map.of(member.id()), None);
+        assert_eq!(map.of(c(member.id())), None);
     }
 
     /// Kills and reaps the child when dropped.
@@ -499,14 +699,14 @@ mod tests {
         let me = std::process::id();
         let mut stale = 0;
         for i in 0..2000u64 {
-            map.add_tree(me, me, TxId(i + 1), tree_starts(me, me).unwrap());
+            map.add_tree(me, me, TxId(i + 1), tree_starts(me, me).unwrap(), (0, 0));
             let b = std::sync::Arc::new(std::sync::Barrier::new(2));
             let (m2, b2) = (map.clone(), b.clone());
             let t = std::thread::spawn(move || {
                 // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::gettid() } as u32;
                 b2.wait();
-                m2.begin(tid, || TxId(1_000_000 + i));
+                m2.begin(c(tid), || TxId(1_000_000 + i)).unwrap();
                 tid
             });
             b.wait();
@@ -523,6 +723,11 @@ mod tests {
         assert_eq!(stale, 0, "threads left in an ended tree's transaction");
     }
 
+    /// A root caller on thread `tid`.
+    fn c(tid: u32) -> Caller {
+        Caller { tid, uid: 0, gid: 0 }
+    }
+
     fn gettid() -> u32 {
         // SAFETY: gettid has no preconditions.
         unsafe { libc::syscall(libc::SYS_gettid) as u32 }
@@ -536,7 +741,7 @@ mod tests {
     fn the_reaper_learns_start_times_and_reaps_dead_or_younger_threads() {
         let map = TxMap::default();
         let me = gettid();
-        let tx = map.begin(me, || TxId(1));
+        let tx = map.begin(c(me), || TxId(1)).unwrap();
         assert!(matches!(map.inner.lock().threads[&me].start, Start::Pending(_)), "no /proc read at the begin");
         assert_eq!(map.reap(), Vec::<TxId>::new(), "a live thread is not reaped");
         assert_eq!(map.inner.lock().threads[&me].start, Start::Known(start_time(me).unwrap()));
@@ -548,7 +753,7 @@ mod tests {
         let m2 = m.clone();
         std::thread::spawn(move || {
             let tid = gettid();
-            m2.begin(tid, || TxId(2));
+            m2.begin(c(tid), || TxId(2)).unwrap();
             done_tx.send(tid).unwrap();
         })
         .join()
@@ -572,6 +777,65 @@ mod tests {
         assert_eq!(m.reap(), vec![TxId(1)], "a younger thread with the begin's id is another thread");
     }
 
+    /// Every request proves the owner: a thread entry whose thread exited
+    /// (its pidfd says so) is dropped at the next request of its id and
+    /// handed to the reaper; without a pidfd, a thread that started after
+    /// the begin is another one; other credentials are not the owner's
+    /// (root's transactions admit any).
+    #[test]
+    fn a_request_proves_the_owner_thread_and_its_credentials() {
+        let map = std::sync::Arc::new(TxMap::default());
+        let user = |tid, uid| Caller { tid, uid, gid: uid };
+        // A thread begins and exits: its id, asked again, is in nothing.
+        let m2 = map.clone();
+        let dead = std::thread::spawn(move || {
+            let tid = gettid();
+            m2.begin(user(tid, 1000), || TxId(3)).unwrap();
+            tid
+        })
+        .join()
+        .unwrap();
+        if map.inner.lock().threads[&dead].pidfd.is_some() {
+            // The pidfd polls readable once the thread exited, a moment
+            // after join() returns.
+            assert!(wait(|| map.of(user(dead, 1000)).is_none()), "a dead thread's id is in no transaction");
+            assert!(map.thread(dead).is_none(), "its entry is dropped by the request");
+            assert_eq!(map.reap(), vec![TxId(3)], "and its transaction handed to the reaper");
+        }
+        // Without a pidfd: a thread that started after the begin's tick.
+        let me = gettid();
+        map.begin(user(me, 1000), || TxId(4)).unwrap();
+        assert_eq!(map.of(user(me, 1000)), Some(TxId(4)));
+        assert_eq!(map.claim(user(me, 0)), Claim::Foreign, "root is not a user's transaction's owner");
+        assert_eq!(map.of(user(me, 1001)), None, "other credentials are outside");
+        assert_eq!(map.begin(user(me, 1001), || TxId(5)), Err(libc::EPERM));
+        assert!(map.admits(TxId(4), user(me, 1000)) && !map.admits(TxId(4), user(me, 1001)));
+        {
+            let mut g = map.inner.lock();
+            let t = g.threads.get_mut(&me).unwrap();
+            t.pidfd = None;
+            t.start = Start::Pending(start_time(me).unwrap() - 1);
+        }
+        assert_eq!(map.of(user(me, 1000)), None, "a younger thread with the begin's id is another thread");
+        assert_eq!(map.reap(), vec![TxId(4)]);
+        // Root's transaction admits every credential.
+        map.begin(user(me, 0), || TxId(6)).unwrap();
+        assert_eq!(map.of(user(me, 1000)), Some(TxId(6)));
+        map.forget(TxId(6));
+        map.drop_thread(me);
+    }
+
+    fn wait(mut f: impl FnMut() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !f() {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+
     /// A thread whose name is not valid UTF-8 (cut inside a character at 15
     /// bytes) is alive: the reaper keeps its transaction (review finding:
     /// an unreadable stat file counted as a dead thread).
@@ -585,7 +849,7 @@ mod tests {
             // SAFETY: a NUL-terminated name of at most 16 bytes.
             unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
             let tid = gettid();
-            m2.begin(tid, || TxId(5));
+            m2.begin(c(tid), || TxId(5)).unwrap();
             ready_tx.send(tid).unwrap();
             go_rx.recv().unwrap();
         });

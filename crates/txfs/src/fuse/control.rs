@@ -7,18 +7,59 @@
 //! the node ids whose cached pages must go before the caller hears of it
 //! (a commit's changes).
 
-use super::{errno, TxFs};
+use super::{caller, errno, TxFs};
 use crate::attribution::procfs;
+use crate::attribution::txmap::{Caller, Claim};
 use crate::wire;
 use fuser::{Errno, INodeNo, Request};
 use std::sync::atomic::Ordering;
 use txfs_engine::{Durability, Error, FileKind, TxId};
 
 impl TxFs {
-    /// STATE's answer for thread `tid`.
-    fn state(&self, tid: u32) -> wire::State {
-        let (tx, depth) = self.state_of(tid);
+    /// STATE's answer for the caller.
+    fn state(&self, c: Caller) -> wire::State {
+        let (tx, depth) = self.state_of(c);
         wire::State { tx: tx.map_or(0, |t| t.0), depth, reserved: 0 }
+    }
+
+    /// Whether the caller may read file `ino` through handle `fh`
+    /// (`BEGIN_FILE`): EBADF unless the descriptor is open for reading (as
+    /// read(2)); EACCES unless the caller's credentials may read the file by
+    /// its mode (owner, group — the header's or a supplementary one from
+    /// /proc, read only when that decides — or other; root always). In a
+    /// view the kernel opens files without a handle (0): there only the
+    /// mode is checked. Directories are not read by `BEGIN_FILE`: any
+    /// descriptor of one will do.
+    fn may_read(&self, req: &Request, ino: INodeNo, fh: fuser::FileHandle) -> Result<(), Errno> {
+        let readable = self.handles.lock().get(&fh).map(|h| h.readable);
+        match readable {
+            Some(true) => {}
+            Some(false) => return Err(Errno::EBADF),
+            None if self.dirs.lock().contains_key(&fh) => return Ok(()),
+            None if self.view().is_some() && fh.0 == 0 => {}
+            None => return Err(Errno::EBADF),
+        }
+        let a = self.engine.getattr(self.tx(req), self.obj(ino)).map_err(|e| errno(&e))?;
+        if a.kind == FileKind::Dir || req.uid() == 0 {
+            return Ok(());
+        }
+        let (group, other) = (a.mode & 0o040 != 0, a.mode & 0o004 != 0);
+        let ok = if a.uid == req.uid() {
+            a.mode & 0o400 != 0
+        } else if a.gid == req.gid() {
+            group
+        } else if group == other {
+            other
+        } else if procfs::in_group(req.pid(), a.gid) {
+            group
+        } else {
+            other
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Errno::EACCES)
+        }
     }
 
     /// Runs one ioctl; returns the reply data and the files whose cached
@@ -27,15 +68,31 @@ impl TxFs {
         &self,
         req: &Request,
         ino: INodeNo,
+        fh: fuser::FileHandle,
         cmd: u32,
         data: &[u8],
     ) -> Result<(Vec<u8>, Vec<INodeNo>), Errno> {
         let tid = req.pid();
+        let me = caller(req);
+        // The caller's thread id in a transaction begun with other
+        // credentials (a setuid program its owner executed): not the
+        // caller's to begin into, commit or abort. A dead thread's entry
+        // is dropped here (the caller has its id, not its transaction).
+        let foreign = self.txs.claim(me) == Claim::Foreign;
+        let eperm = || Errno::from_i32(libc::EPERM);
         let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
         // A process of a `txfs run` whose view left the gate open: shut it.
         let _ = self.tx(req);
         match cmd {
             wire::BEGIN | wire::BEGIN_STATE | wire::BEGIN_FILE => {
+                if foreign {
+                    return Err(eperm());
+                }
+                if cmd == wire::BEGIN_FILE {
+                    // It answers bytes of the file: only on a descriptor
+                    // open for reading, to a caller allowed to read it.
+                    self.may_read(req, ino, fh)?;
+                }
                 // BEGIN_STATE only, before the begin: how the caller's
                 // transaction of its own that it asks about (0: its last)
                 // ended, and the transaction it was in (a `txfs run` tree's
@@ -43,18 +100,24 @@ impl TxFs {
                 let before = (cmd != wire::BEGIN).then(|| {
                     let ask = wire::BeginState::decode(data).last_tx;
                     let last = self.txs.outcome(tid, (ask != 0).then_some(TxId(ask)));
-                    (last, self.view().or(self.state_of(tid).0))
+                    (last, self.view().or(self.state_of(me).0))
                 });
                 if let Some(view) = self.view() {
                     // Nests into the view's transaction, whoever asks.
-                    self.txs.join(tid, view);
+                    self.txs.join(me, view);
                 } else {
                     let engine = &self.engine;
-                    let tx = self.gate.close_then(self.notifier(), || self.txs.begin(tid, || engine.begin()));
+                    let tx = self.gate.close_then(self.notifier(), || self.txs.begin(me, || engine.begin()));
+                    let tx = tx.map_err(|e| {
+                        // Refused (a transaction of other credentials
+                        // appeared meanwhile): the gate reopens if it can.
+                        self.gate.reopen(engine);
+                        Errno::from_i32(e)
+                    })?;
                     tracing::debug!(tid, %tx, "begin");
                 }
                 let Some((last, prior)) = before else { return Ok((Vec::new(), Vec::new())) };
-                let state = self.state(tid);
+                let state = self.state(me);
                 let (last_tx, committed) = last.map_or((0, false), |(tx, c)| (tx.0, c));
                 let bs = wire::BeginState {
                     tx: state.tx,
@@ -92,6 +155,9 @@ impl TxFs {
                 let flags = arg.flags;
                 let durability =
                     if flags & wire::COMMIT_ORDERED != 0 { Durability::Ordered } else { Durability::Durable };
+                if foreign {
+                    return Err(eperm());
+                }
                 match self.txs.thread(tid) {
                     None if cmd == wire::COMMIT_IF => return Err(Errno::from_i32(libc::ESTALE)),
                     None => return Err(Errno::from_i32(libc::EINVAL)),
@@ -118,6 +184,7 @@ impl TxFs {
                     _ => Ok((Vec::new(), Vec::new())),
                 }
             }
+            wire::ABORT if foreign => Err(eperm()),
             wire::ABORT => match self.txs.drop_thread(tid) {
                 Some((tx, owned)) => {
                     // Inside a tree transaction an abort dooms the whole tree.
@@ -146,6 +213,12 @@ impl TxFs {
                             // `txfs run` inside `txfs run`: the view is already one transaction.
                             return Err(Errno::from_i32(libc::EBUSY));
                         }
+                        // A non-root caller makes only a child of its own
+                        // credentials a transaction: one that runs with
+                        // others (a setuid program) stays outside.
+                        if req.uid() != 0 && !procfs::has_only_creds(pid, req.uid(), req.gid()) {
+                            return Err(eperm());
+                        }
                         let Some(starts) = procfs::tree_starts(pid, caller) else {
                             tracing::warn!(pid, caller, "cannot read the start times of a process tree in /proc");
                             return Err(Errno::from_i32(libc::EAGAIN));
@@ -161,7 +234,7 @@ impl TxFs {
                         let escape = if with_view { self.way_in(pid) } else { Some("no view".into()) };
                         let begin = || {
                             let tx = self.engine.begin();
-                            self.txs.add_tree(pid, caller, tx, starts);
+                            self.txs.add_tree(pid, caller, tx, starts, me.creds());
                             tx
                         };
                         let tx = match &escape {
@@ -186,9 +259,11 @@ impl TxFs {
                     }
                     wire::RUN_COMMIT | wire::RUN_ABORT if self.view().is_some() => Err(Errno::from_i32(libc::EBUSY)),
                     wire::RUN_COMMIT | wire::RUN_ABORT => {
-                        let (tx, owner) = self.txs.tree(pid).ok_or(Errno::from_i32(libc::ENOENT))?;
-                        if owner != caller {
-                            return Err(Errno::from_i32(libc::EPERM));
+                        let (tx, owner, owner_start) = self.txs.tree(pid).ok_or(Errno::from_i32(libc::ENOENT))?;
+                        // The owner's process, not one that got its pid
+                        // after it died (its tree is aborted by the reaper).
+                        if owner != caller || procfs::start_time(caller) != Some(owner_start) {
+                            return Err(eperm());
                         }
                         self.txs.remove_tree(pid);
                         if op == wire::RUN_ABORT {
@@ -242,7 +317,7 @@ impl TxFs {
                 let attr_requests = self.attr_requests.load(Ordering::Relaxed);
                 Ok((wire::Cache { open, cached_replies, closes, attr_requests }.encode(), Vec::new()))
             }
-            wire::STATE => Ok((self.state(tid).encode(), Vec::new())),
+            wire::STATE => Ok((self.state(me).encode(), Vec::new())),
             _ => Err(Errno::from_i32(libc::ENOTTY)),
         }
     }

@@ -67,7 +67,7 @@ use cache_gate::TTL;
 use nodes::{all_ids, is_private, shared_id, Paged, Private};
 use views::{ViewLink, Views};
 
-use crate::attribution::txmap::TxMap;
+use crate::attribution::txmap::{Caller, Claim, TxMap};
 use crate::config::Config;
 use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, INodeNo, Request, TimeOrNow};
 use parking_lot::Mutex;
@@ -85,6 +85,8 @@ struct Handle {
     append: bool,
     /// Opened for writing (`TXFS_IOC_BATCH` needs it).
     writable: bool,
+    /// Opened for reading (`TXFS_IOC_BEGIN_FILE` needs it).
+    readable: bool,
     /// A batch handle (`TXFS_IOC_BATCH`): each WRITE through it carries
     /// several writes to its file ([`crate::wire::parse_batch`]).
     batch: bool,
@@ -212,6 +214,11 @@ fn invalidator(notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, jobs: std::s
     }
 }
 
+/// Who sent `req`: the thread and credentials the kernel put in its header.
+fn caller(req: &Request) -> Caller {
+    Caller { tid: req.pid(), uid: req.uid(), gid: req.gid() }
+}
+
 fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.errno())
 }
@@ -294,10 +301,12 @@ impl TxFs {
         std::thread::Builder::new()
             .name("txfs-reaper".into())
             .spawn(move || loop {
-                std::thread::sleep(Duration::from_millis(250));
+                // Woken at once when a request found a dead owner's transaction.
+                t.nap(Duration::from_millis(250));
                 for dead in t.reap() {
                     tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
                     let (_, pages) = end_tx(&e, Some(&p), &g, None, Some(&vs), dead, None);
+                    t.forget(dead);
                     let _ = inval.send((pg.keep(pages), Box::new(|| {})));
                 }
             })
@@ -350,7 +359,9 @@ impl TxFs {
     fn end_tx(&self, tx: TxId, commit: Option<Durability>) -> (Result<(), Error>, Vec<INodeNo>) {
         let s = self.shared_mount();
         let (private, views) = (s.map(|s| &*s.private), s.map(|s| &*s.views));
-        end_tx(&self.engine, private, self.shared_gate(), self.notifier(), views, tx, commit)
+        let r = end_tx(&self.engine, private, self.shared_gate(), self.notifier(), views, tx, commit);
+        self.txs.forget(tx);
+        r
     }
 
     /// The shared mount's gate, also in a view: the gate a transaction
@@ -393,7 +404,7 @@ impl TxFs {
         if self.view().is_some() {
             return self.view();
         }
-        let tx = self.txs.of(req.pid());
+        let tx = self.txs.of(caller(req));
         if let Some(t) = tx {
             // A `txfs run` whose view left the gate open came in here.
             self.gate.pin(t, self.notifier());
@@ -416,12 +427,17 @@ impl TxFs {
         FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// The transaction thread `tid` is in and its depth (0: joined to a
-    /// tree without a begin of its own, or none).
-    fn state_of(&self, tid: u32) -> (Option<TxId>, u32) {
-        match self.txs.thread(tid) {
-            Some((tx, depth, _)) => (Some(tx), depth),
-            None => (self.txs.of(tid), 0),
+    /// The transaction the caller is in and its depth (0: joined to a
+    /// tree without a begin of its own, or none). A thread whose
+    /// transaction was begun with other credentials is in none.
+    fn state_of(&self, c: Caller) -> (Option<TxId>, u32) {
+        match self.txs.claim(c) {
+            Claim::Own(_) => match self.txs.thread(c.tid) {
+                Some((tx, depth, _)) => (Some(tx), depth),
+                None => (self.txs.of(c), 0),
+            },
+            Claim::Foreign => (None, 0),
+            Claim::None => (self.txs.of(c), 0),
         }
     }
 
@@ -466,9 +482,9 @@ impl TxFs {
         self.engine.open_obj(o)?;
         let fh = self.new_fh();
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        self.handles
-            .lock()
-            .insert(fh, Handle { obj: o, tx, append: flags & libc::O_APPEND != 0, writable, batch: false });
+        let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
+        let append = flags & libc::O_APPEND != 0;
+        self.handles.lock().insert(fh, Handle { obj: o, tx, append, writable, readable, batch: false });
         // A view's pages are its transaction's: the kernel may keep them.
         let mut fopen = if self.view().is_some() { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::FOPEN_DIRECT_IO };
         // No FLUSH at close (a round trip per close(2)) unless the handle

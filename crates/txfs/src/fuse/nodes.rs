@@ -154,7 +154,10 @@ impl TxFs {
             return self.view();
         }
         match self.private_owner(ino) {
-            Some(owner) => owner,
+            // Not for a caller of other credentials than the owner's (a
+            // setuid program acting on a descriptor its caller opened in
+            // the transaction): the committed view, as after the end.
+            Some(owner) => owner.filter(|t| req.pid() == 0 || self.txs.admits(*t, super::caller(req))),
             None => self.tx(req),
         }
     }

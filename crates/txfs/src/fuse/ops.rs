@@ -699,7 +699,7 @@ impl Filesystem for TxFs {
                 None => reply.error(Errno::EINVAL),
             };
         }
-        match self.ioctl_cmd(req, _ino, cmd, in_data) {
+        match self.ioctl_cmd(req, _ino, _fh, cmd, in_data) {
             Ok((out, inval)) => self.after(inval, move || reply.ioctl(0, &out)),
             Err(e) => reply.error(e),
         }
