@@ -858,7 +858,7 @@ def cls_ioctl(c: Ctx) -> Dict[str, Any]:
             cmd = (d << 30) | (size << 16) | (0xE7 << 8) | nr
         else:
             cmd = rng.getrandbits(32)
-            size = (cmd >> 16) & 0x3FFF
+            nr, size = cmd & 0xFF, (cmd >> 16) & 0x3FFF
         name = rng.choice(list(fds))
         buf = bytearray(rng.getrandbits(8) for _ in range(max(size, 8) if size <= 4096 else 8))
         if len(buf) < size:
