@@ -1554,6 +1554,7 @@ class Suite:
         rec = Rec()
         extra_tried = 0
         extra_counts = (0, 0)
+        stall: Optional[Tuple[float, int]] = None  # huge: B's worst plain write, ms, and how many
         rss_peak = [s.rss_kib()]
         tick = lambda: rss_peak.__setitem__(0, max(rss_peak[0], s.rss_kib()))  # noqa: E731
         timeout = 120 if self.args.mode == "quick" else 900
@@ -1584,6 +1585,7 @@ class Suite:
             if writer is not None:
                 w = writer.wait(90, tick)
                 if "ok" in w:
+                    stall = (w["ok"]["worst_ms"], w["ok"]["writes"])
                     rec.notes.append(f"B's plain writes meanwhile: worst {w['ok']['worst_ms']} ms over "
                                      f"{w['ok']['writes']} writes (issue 23 asks ≤ 50 ms under any commit)"
                                      + (f", errors {w['ok']['errors']}" if w["ok"]["errors"] else ""))
@@ -1658,6 +1660,19 @@ class Suite:
         self.rows.append(dict(row(f"hostile users: {TITLES[name]}", "hostile user", tried, len(viol), lost, secs,
                                   command("hostile.py", self.args) + f" --class {name}"),
                               refused=refused, accepted=accepted, serving=serving))
+        if stall is not None:
+            # Issue 23's limits (a commit of any size stalls other users' plain
+            # operations ≤ 50 ms; memory caps) are measured here; until they are
+            # built, an over-long stall is published as a known open bug, not failed.
+            over = stall[0] > 50
+            r = dict(row(f"hostile users: another user's plain writes during a huge commit, worst {stall[0]:.0f} ms "
+                         "(issue 23: ≤ 50 ms)", "hostile user", stall[1], int(over), 0, 0,
+                         command("hostile.py", self.args) + " --class huge"),
+                     refused=0, accepted=stall[1], serving=True)
+            if over:
+                r["known_bug"] = (f"a huge transaction's commit stalled another user's plain write {stall[0]:.0f} ms; "
+                                  "issue 23's limits (commit stalls ≤ 50 ms, per-transaction memory caps) are not built yet")
+            self.rows.append(r)
         self.notes += [f"hostile {name}: {n}" for n in rec.notes]
         if differs:
             self.notes.append(f"hostile {name}: {len(differs)} answers differ from ext4's (not violations): "
