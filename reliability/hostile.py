@@ -65,6 +65,10 @@ canaries and everything a class expects to persist (files at the bottom of
 deep trees, long names, accepted xattrs, setuid modes) read back through the
 mount and, after the last unmount, from BACKING as plain files.
 
+The huge class also measures issue 23's limits (daemon RSS < 256 MiB, another
+user's plain write stalled ≤ 50 ms by any commit) in a row of their own,
+published as a known open bug while those limits are not built.
+
 Where the backing's own file system answers differently from txfs (an errno,
 a refusal txfs does not make) and that is not a violation, the difference is
 listed in the notes.
@@ -1595,9 +1599,7 @@ class Suite:
                 else:
                     rec.add("B's plain writer", "EXC", bad=str(w)[:300])
                 tick()
-                rec.notes.append(f"daemon RSS peak {rss_peak[0] // 1024} MiB")
-                rec.add(f"daemon RSS peak {rss_peak[0] // 1024} MiB", "ok",
-                        bad=None if rss_peak[0] < 256 * 1024 else "over the 256 MiB issue 23 allows")
+                rec.notes.append(f"daemon RSS peak {rss_peak[0] // 1024} MiB (issue 23: < 256 MiB)")
         else:
             try:
                 {"reuse": cls_reuse, "setuid": cls_setuid, "privilege": cls_privilege}[name](ctx, s, rec)
@@ -1660,18 +1662,22 @@ class Suite:
         self.rows.append(dict(row(f"hostile users: {TITLES[name]}", "hostile user", tried, len(viol), lost, secs,
                                   command("hostile.py", self.args) + f" --class {name}"),
                               refused=refused, accepted=accepted, serving=serving))
-        if stall is not None:
-            # Issue 23's limits (a commit of any size stalls other users' plain
-            # operations ≤ 50 ms; memory caps) are measured here; until they are
-            # built, an over-long stall is published as a known open bug, not failed.
-            over = stall[0] > 50
-            r = dict(row(f"hostile users: another user's plain writes during a huge commit, worst {stall[0]:.0f} ms "
-                         "(issue 23: ≤ 50 ms)", "hostile user", stall[1], int(over), 0, 0,
-                         command("hostile.py", self.args) + " --class huge"),
-                     refused=0, accepted=stall[1], serving=True)
+        if name == "huge":
+            # Issue 23's limits (daemon RSS < 256 MiB whatever users do; a commit
+            # of any size stalls other users' plain operations ≤ 50 ms) are
+            # measured here; until they are built, going over is published as a
+            # known open bug, not failed.
+            worst = stall[0] if stall else -1.0
+            mib = rss_peak[0] // 1024
+            over = [f"another user's plain write stalled {worst:.0f} ms"] if worst > 50 else []
+            over += [f"the daemon's RSS reached {mib} MiB"] if mib >= 256 else []
+            r = dict(row(f"hostile users: limits under a huge transaction: daemon RSS peak {mib} MiB (< 256), "
+                         f"another user's worst plain write {worst:.0f} ms (≤ 50)", "hostile user",
+                         stall[1] if stall else 0, len(over), 0, 0, command("hostile.py", self.args) + " --class huge"),
+                     refused=0, accepted=stall[1] if stall else 0, serving=serving)
             if over:
-                r["known_bug"] = (f"a huge transaction's commit stalled another user's plain write {stall[0]:.0f} ms; "
-                                  "issue 23's limits (commit stalls ≤ 50 ms, per-transaction memory caps) are not built yet")
+                r["known_bug"] = ("; ".join(over) + ": issue 23's limits (memory caps, commit stalls ≤ 50 ms) "
+                                  "are not built yet")
             self.rows.append(r)
         self.notes += [f"hostile {name}: {n}" for n in rec.notes]
         if differs:
