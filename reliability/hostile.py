@@ -754,7 +754,7 @@ def batch_bytes(recs: List[Tuple[int, bytes]]) -> bytes:
 
 def cls_huge(c: Ctx) -> Dict[str, Any]:
     rec = Rec()
-    budget = 2.0 if c.quick else 15.0
+    budget = 1.5 if c.quick else 15.0
     cap = 1_000_000 if c.quick else 4_000_000
     fd = os.open(c.a("huge"), os.O_RDWR | os.O_CREAT, 0o644)
     t0 = time.monotonic()
@@ -788,7 +788,7 @@ def cls_huge(c: Ctx) -> Dict[str, Any]:
     os.close(fd)
     buf.close()
     # thousands of creates and small writes in one transaction
-    n = 3000 if c.quick else 30000
+    n = 2000 if c.quick else 30000
     os.mkdir(c.a("many"))
 
     def creates() -> None:
@@ -1610,17 +1610,23 @@ class Suite:
         viol: List[str] = []
         refused = accepted = 0
         differs = []
+        cascade = 0  # unclear answers after the first (a mount that stopped serving mid-class answers EIO to all)
         for it in rec.items:
             if it["got"] == "ok":
                 accepted += 1
             else:
                 refused += 1
-            if it["got"] in UNCLEAN or it["got"].startswith("EXC") or it["got"] == "hang":
+            if it["got"] in UNCLEAN and any(v.endswith(f": {it['got']}") for v in viol):
+                cascade += 1
+            elif it["got"] in UNCLEAN or it["got"].startswith("EXC") or it["got"] == "hang":
                 viol.append(f"{it['what']}: {it['got']}" + (f" ({it['bad']})" if it["bad"] else ""))
             elif it["bad"]:
                 viol.append(f"{it['what']}: {it['got']}: {it['bad']}")
             elif it["ref"] is not None and it["ref"] != it["got"]:
                 differs.append(f"{it['what']}: txfs {it['got']}, ext4 {it['ref']}")
+        if cascade:
+            viol.append(f"{cascade} later attempts of the class answered the same unclear errno")
+        refused -= sum(1 for it in rec.items if it["got"] in UNCLEAN or it["got"].startswith("EXC") or it["got"] == "hang")
         # 2-4. serving, then after a checkpoint, canaries
         bad = self.serving(s, f"{name}-1")
         if bad:
