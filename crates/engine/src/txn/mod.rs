@@ -125,7 +125,8 @@ impl Engine {
     /// backing tree holds exactly the committed state as plain files.
     pub fn open(storage: Arc<dyn Storage>, opts: Options) -> Result<Engine> {
         let state = crate::recovery::recover(storage, &opts)?;
-        let sync = SyncState::new(state.journal.epoch, state.journal.file.clone(), state.journal.end);
+        let sync =
+            SyncState::new(state.journal.epoch, state.journal.file.clone(), state.journal.end, state.poison_latch());
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             sync,
@@ -170,8 +171,13 @@ impl Engine {
     /// (ordered) before the lock is released (I4).
     fn run<T>(&self, tx: Option<TxId>, f: impl FnOnce(&mut State, &mut Tx) -> Result<T>) -> Result<T> {
         let mut st = self.lock();
-        if let Some(p) = &st.poisoned {
-            return Err(Error::Poisoned(p.clone()));
+        // Poisoned: nothing more is acknowledged; a plain read goes on if
+        // the state in memory is still exact (see `Poison`).
+        let poisoned = st.poisoned();
+        if let Some(p) = &poisoned {
+            if tx.is_some() || !st.poisoned.reads_ok() {
+                return Err(Error::Poisoned(p.clone()));
+            }
         }
         match tx {
             Some(id) => {
@@ -193,6 +199,10 @@ impl Engine {
                 let out = f(&mut st, &mut t);
                 match out {
                     Ok(v) => {
+                        if let Some(p) = poisoned.filter(|_| !t.delta.is_empty()) {
+                            st.discard_tx(&t);
+                            return Err(Error::Poisoned(p));
+                        }
                         if !t.delta.is_empty() {
                             commit_locked(&mut st, &self.shared.sync, t, false)?;
                         }
@@ -592,7 +602,7 @@ pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
                 .values()
                 .try_fold(0usize, |n, d| Some(n + d.len()).filter(|&n| n <= IDLE_CHECKPOINT_MAX_NAMES))
                 .is_some();
-            let pending = !st.committed.is_empty() && st.poisoned.is_none() && few_names;
+            let pending = !st.committed.is_empty() && st.poisoned().is_none() && few_names;
             (st.uncheckpointed() > sh.opts.checkpoint_bytes, pending, st.seq)
         };
         if seq != seen {
@@ -612,7 +622,7 @@ pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
             match checkpoint::run(&sh.state, &sh.sync) {
                 Ok(()) => postponed = false,
                 // Not started (no room): retried every interval, said once.
-                Err(e) if sh.state.lock().poisoned.is_none() => {
+                Err(e) if sh.state.lock().poisoned().is_none() => {
                     if !postponed {
                         tracing::error!("background checkpoint postponed: {e}");
                     }

@@ -362,13 +362,14 @@ impl Engine {
             self.shared.copied.notify_all();
         }
         let doomed = t.doomed.clone();
-        if let (Ok(()), None, None) = (&copied, &doomed, &st.poisoned) {
+        let poisoned = st.poisoned();
+        if let (Ok(()), None, None) = (&copied, &doomed, &poisoned) {
             st.spilled(&mut t, o, off, len, id, at);
         }
         let id_tx = t.id;
         st.txs.insert(id_tx, t);
-        if let Some(p) = &st.poisoned {
-            return Err(Error::Poisoned(p.clone()));
+        if let Some(p) = poisoned {
+            return Err(Error::Poisoned(p));
         }
         match copied {
             Ok(()) => match doomed {
