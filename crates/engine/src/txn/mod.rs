@@ -344,6 +344,10 @@ impl Engine {
             if a.nlink == 0 {
                 return Err(Error::posix("link", format!("{o} was removed"), libc::ENOENT));
             }
+            if st.max_links.is_some_and(|max| a.nlink >= max) {
+                // As the backing answers: the checkpoint could not make it.
+                return Err(Error::posix("link", format!("{o} has {} names", a.nlink), libc::EMLINK));
+            }
             st.read_meta(t, parent)?;
             if st.lookup(t, parent, name)?.is_some() {
                 return Err(Error::posix("link", format!("{name:?} exists"), libc::EEXIST));
@@ -442,6 +446,9 @@ impl Engine {
             }
             if replace && !exists {
                 return Err(Error::posix("setxattr", format!("{name:?}"), libc::ENODATA));
+            }
+            if let Some(v) = value {
+                st.probe_xattrs(t, o, kind, name, v)?;
             }
             t.delta.obj(o).attr.xattrs.insert(name.to_owned(), value.map(|v| v.to_vec()));
             State::touch(t, o, false);

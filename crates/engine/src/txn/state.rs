@@ -168,6 +168,11 @@ pub(crate) struct State {
     pub(super) stats: Stats,
     pub(super) spill_threshold: u64,
     pub(super) stage_threshold: u64,
+    /// The backing's largest file size and most names per file, if known:
+    /// a write, truncate or link past them is refused at the call (EFBIG,
+    /// EMLINK) rather than accepted and met by the checkpoint.
+    pub(super) max_file_size: Option<u64>,
+    pub(super) max_links: Option<u64>,
     /// Spare data files: the old inodes of files a checkpoint replaced by
     /// their shadows, `(id, length)`. A new shadow takes one and overwrites
     /// blocks that are already allocated (DESIGN §2a).
@@ -325,6 +330,7 @@ impl State {
     /// committed yet, appending to `journal` after the commit `prev_seq`.
     pub(crate) fn new(storage: Arc<dyn Storage>, journal: JournalWriter, prev_seq: Seq, opts: &Options) -> State {
         let (epoch, jf) = (journal.epoch, journal.file.clone());
+        let storage_limits = (storage.max_file_size(), storage.max_links());
         let mut st = State {
             storage,
             nodes: HashMap::new(),
@@ -348,6 +354,8 @@ impl State {
             stats: Default::default(),
             spill_threshold: opts.spill_threshold,
             stage_threshold: opts.stage_threshold,
+            max_file_size: storage_limits.0,
+            max_links: storage_limits.1,
         };
         let dir = |parent: ObjId, name: &str| Node {
             kind: FileKind::Dir,
