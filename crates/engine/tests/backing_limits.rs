@@ -17,6 +17,8 @@
 //! EFBIG past 16 TiB and EMLINK past 65 000 names. On a file system that
 //! takes a case, the test checks that the engine takes it too (and says so).
 
+mod common;
+
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -321,4 +323,48 @@ fn a_removal_that_makes_room_is_applied_before_the_set() {
     let f = e.resolve(None, Path::new("f")).unwrap();
     assert_eq!(e.listxattr(None, f).unwrap(), vec![OsString::from(&new.0)]);
     e.close().unwrap();
+}
+
+/// A MemFs seen by a daemon that is not root (uid and gid 1000): `lchown`
+/// to anyone else is EPERM, as on a real file system.
+struct Unprivileged {
+    inner: txfs_engine::storage::MemFs,
+}
+
+impl txfs_engine::storage::Storage for Unprivileged {
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
+    fn set_owner(&self, p: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+        if !self.may_own(uid, gid) {
+            return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+        }
+        self.inner.set_owner(p, uid, gid)
+    }
+    fn may_own(&self, uid: u32, gid: u32) -> bool {
+        (uid, gid) == (1000, 1000)
+    }
+    fn privileged(&self) -> bool {
+        false
+    }
+}
+
+/// Story: on a mount whose daemon is not root (shared with `allow_other`),
+/// another user creates a file and chowns one: the checkpoint could not
+/// give them that owner, so both are EPERM at the call, and the daemon's
+/// own files still checkpoint and reopen.
+#[test]
+fn owners_an_unprivileged_daemon_cannot_give_are_refused_at_the_call() {
+    let fs = Arc::new(Unprivileged { inner: txfs_engine::storage::MemFs::new() });
+    let e = Engine::open(fs.clone(), opts()).unwrap();
+    let err = e.create(None, ObjId::ROOT, OsStr::new("theirs"), 0o644, 2000, 2000).expect_err("another user's file");
+    assert_eq!(err.errno(), libc::EPERM, "{err}");
+    let f = e.create(None, ObjId::ROOT, OsStr::new("mine"), 0o644, 1000, 1000).unwrap().obj;
+    let tx = e.begin();
+    let set = txfs_engine::SetAttr { uid: Some(2000), ..Default::default() };
+    let err = e.setattr(Some(tx), f, &set).expect_err("a chown to another user");
+    assert_eq!(err.errno(), libc::EPERM, "{err}");
+    e.commit(tx, Durability::Durable).unwrap();
+    e.checkpoint().expect("the checkpoint gives only owners it can");
+    e.close().unwrap();
+    let e = Engine::open(fs, opts()).unwrap();
+    assert_eq!(e.getattr(None, e.resolve(None, Path::new("mine")).unwrap()).unwrap().uid, 1000);
 }

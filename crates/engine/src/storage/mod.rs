@@ -177,6 +177,13 @@ pub trait Storage: Send + Sync + 'static {
     fn max_links(&self) -> Option<u64> {
         None
     }
+    /// Whether a checkpoint can give an object the owner `uid`:`gid` (a
+    /// daemon that is not root can `lchown` only to itself and its own
+    /// groups). Asked when the engine accepts an owner, so that no
+    /// checkpoint meets EPERM.
+    fn may_own(&self, _uid: u32, _gid: u32) -> bool {
+        true
+    }
     /// Whether the engine may give a file any owner and mode and still open
     /// it (root: `CAP_CHOWN`, `CAP_DAC_OVERRIDE`). Only then does a
     /// checkpoint rename a shadow over a file (DESIGN §2a): a data file

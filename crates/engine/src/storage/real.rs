@@ -407,6 +407,24 @@ impl Storage for RealFs {
         self.remove_any(scratch)?;
         res
     }
+    fn may_own(&self, uid: u32, gid: u32) -> bool {
+        // SAFETY: these calls have no preconditions; getgroups fills at
+        // most the length it is given.
+        unsafe {
+            if libc::geteuid() == 0 {
+                return true;
+            }
+            if uid != libc::geteuid() {
+                return false;
+            }
+            if gid == libc::getegid() {
+                return true;
+            }
+            let mut groups = vec![0 as libc::gid_t; 1024];
+            let n = libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr());
+            n > 0 && groups[..n as usize].contains(&gid)
+        }
+    }
     fn max_file_size(&self) -> Option<u64> {
         *self.max_size.get_or_init(|| self.probe_max_size())
     }

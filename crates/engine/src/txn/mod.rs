@@ -260,6 +260,11 @@ impl Engine {
     pub fn setattr(&self, tx: Option<TxId>, o: ObjId, set: &SetAttr) -> Result<Attr> {
         self.run(tx, |st, t| {
             let cur = st.attr(t, o)?;
+            let (uid, gid) = (set.uid.unwrap_or(cur.uid), set.gid.unwrap_or(cur.gid));
+            if (set.uid.is_some() || set.gid.is_some()) && !st.storage.may_own(uid, gid) {
+                // The checkpoint could not give it that owner (issue 23).
+                return Err(Error::posix("chown", format!("{o} to {uid}:{gid}"), libc::EPERM));
+            }
             if let Some(s) = set.size {
                 st.truncate(t, o, s)?;
             }
