@@ -431,3 +431,90 @@ fn a_checkpoint_short_of_space_gets_the_spare_journal_back() {
     disk.inner.read_at(Path::new("f"), 0, &mut head).unwrap();
     assert_eq!(head, pattern(1 << 20, 2), "the backing file holds the checkpointed overwrite");
 }
+
+/// A MemFs whose journal files fail one `fdatasync` with EIO once armed
+/// (the bytes stay: only the sync reports the fault).
+struct FailingSync {
+    inner: Arc<MemFs>,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct FailingSyncFile {
+    inner: Arc<dyn StoredFile>,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StoredFile for FailingSyncFile {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, data: &[u8]) -> io::Result<()> {
+        self.inner.write_at(off, data)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.sync_data()
+    }
+}
+
+impl Storage for FailingSync {
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all);
+    fn open_file(&self, p: &Path, create: bool) -> io::Result<Arc<dyn StoredFile>> {
+        let inner = self.inner.open_file(p, create)?;
+        if !p.starts_with(Path::new(META_DIR).join("journal")) {
+            return Ok(inner);
+        }
+        Ok(Arc::new(FailingSyncFile { inner, armed: self.armed.clone() }))
+    }
+}
+
+/// Story (issue 23, one poison latch): the journal's `fdatasync` fails once
+/// with EIO. From then on nothing is acknowledged — not a durable wait, not
+/// a plain write, not an ordered commit, not a durable one — until the
+/// engine is reopened (plain reads of what memory holds go on); recovery
+/// then gives a prefix of the commits.
+#[test]
+fn a_failed_journal_sync_stops_every_acknowledgement() {
+    let mem = Arc::new(MemFs::new());
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fs = Arc::new(FailingSync { inner: mem.clone(), armed: armed.clone() });
+    let e = Engine::open(fs.clone(), opts(64 << 20)).unwrap();
+    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+    e.write(None, f, 0, b"one").unwrap();
+    e.sync().unwrap();
+
+    armed.store(true, Ordering::SeqCst);
+    e.write(None, f, 0, b"two").unwrap(); // appended before the fault is known
+    let err = e.sync().unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(!armed.load(Ordering::SeqCst), "the injected fault was not met");
+
+    let err = e.write(None, f, 0, b"three").expect_err("a plain write acknowledged after a failed journal sync");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    for durability in [Durability::Ordered, Durability::Durable] {
+        let r = (|| {
+            let tx = e.begin();
+            e.write(Some(tx), f, 0, b"four")?;
+            e.commit(tx, durability)
+        })();
+        let err = r.expect_err("a commit acknowledged after a failed journal sync");
+        assert_eq!(err.errno(), libc::EIO, "{durability:?}: {err}");
+    }
+    assert!(e.sync().is_err(), "a later durable wait succeeded");
+    // What memory holds is what was appended: plain reads go on.
+    assert_eq!(e.read(None, f, 0, 16).unwrap(), b"two");
+    drop(e);
+
+    let e = Engine::open(mem.clone(), opts(64 << 20)).unwrap();
+    let f = e.resolve(None, Path::new("f")).unwrap();
+    let got = e.read(None, f, 0, 16).unwrap();
+    assert!(got == b"one" || got == b"two", "not a prefix of the commits: {:?}", String::from_utf8_lossy(&got));
+}

@@ -237,11 +237,15 @@ pub(super) fn contents(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile, s
         if let (Some(m), false) = (op.mode, op.is_symlink) {
             s.set_mode(path, m).ctx("checkpoint chmod", what)?;
         }
+        // Removals first: the final set is what the engine checked fits
+        // the backing (`Storage::probe_xattrs`); a set applied before a
+        // removal that makes room for it could still meet ENOSPC.
+        for (k, _) in op.xattrs.iter().filter(|(_, v)| v.is_none()) {
+            s.remove_xattr(path, OsStr::from_bytes(k)).ctx("checkpoint removexattr", what)?;
+        }
         for (k, v) in &op.xattrs {
-            let k = OsStr::from_bytes(k);
-            match v {
-                Some(v) => s.set_xattr(path, k, v).ctx("checkpoint setxattr", what)?,
-                None => s.remove_xattr(path, k).ctx("checkpoint removexattr", what)?,
+            if let Some(v) = v {
+                s.set_xattr(path, OsStr::from_bytes(k), v).ctx("checkpoint setxattr", what)?;
             }
         }
         if let Some((at, mt)) = op.times {

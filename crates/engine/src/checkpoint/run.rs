@@ -37,7 +37,7 @@ pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
     let (plan, journal, released, storage) = {
         let mut st = state.lock();
         if let Some(p) = st.poisoned() {
-            return Err(Error::Poisoned(p.to_owned()));
+            return Err(Error::Poisoned(p));
         }
         if st.committed().is_empty() {
             // No record in the current journal: nothing can name an orphan.

@@ -334,6 +334,9 @@ impl Storage for CrashFs {
     fn list_xattrs(&self, path: &Path) -> io::Result<Vec<OsString>> {
         self.state.lock().live.list_xattrs(path)
     }
+    fn probe_xattrs(&self, _scratch: &Path, kind: FileKind, xattrs: &[(OsString, Vec<u8>, bool)]) -> io::Result<()> {
+        super::mem::probe_xattrs(kind, xattrs)
+    }
     fn set_xattr(&self, path: &Path, name: &OsStr, value: &[u8]) -> io::Result<()> {
         self.meta(|_| MetaOp::SetXattr { path: path.into(), name: name.into(), value: value.to_vec() })
     }

@@ -555,6 +555,11 @@ impl MemTree {
     /// Checks an xattr name for `ino`; `Ok(false)` if the kernel would
     /// refuse a `user.*` name there (symlinks).
     fn xattr_ok(&self, ino: u64, name: &OsStr) -> io::Result<bool> {
+        Self::xattr_name_ok(name, matches!(self.get(ino)?.node, Node::Symlink(_)))
+    }
+
+    /// [`MemTree::xattr_ok`] for an object that is or is not a symlink.
+    fn xattr_name_ok(name: &OsStr, symlink: bool) -> io::Result<bool> {
         let b = name.as_bytes();
         if b.is_empty() || b.len() > 255 {
             return Err(err(libc::ERANGE));
@@ -563,7 +568,7 @@ impl MemTree {
         match prefix {
             None => Err(err(libc::ENOTSUP)),
             Some(p) if p.len() == b.len() || b.contains(&0) => Err(err(libc::EINVAL)),
-            Some(p) => Ok(p != b"user." || !matches!(self.get(ino)?.node, Node::Symlink(_))),
+            Some(p) => Ok(p != b"user." || !symlink),
         }
     }
 
@@ -628,6 +633,20 @@ impl MemTree {
             }
         }
     }
+}
+
+/// [`Storage::probe_xattrs`] for the in-memory trees: names and sizes as
+/// their `set_xattr` takes them (no limit on a set's total).
+pub(super) fn probe_xattrs(kind: FileKind, xattrs: &[(OsString, Vec<u8>, bool)]) -> io::Result<()> {
+    for (name, value, _) in xattrs.iter().filter(|x| x.2) {
+        if !MemTree::xattr_name_ok(name, kind == FileKind::Symlink)? {
+            return Err(err(libc::EPERM));
+        }
+        if value.len() > 65536 {
+            return Err(err(libc::E2BIG));
+        }
+    }
+    Ok(())
 }
 
 /// An in-memory [`Storage`]; see the module documentation.
@@ -719,6 +738,9 @@ impl Storage for MemFs {
     }
     fn list_xattrs(&self, path: &Path) -> io::Result<Vec<OsString>> {
         self.tree.lock().list_xattrs(path)
+    }
+    fn probe_xattrs(&self, _scratch: &Path, kind: FileKind, xattrs: &[(OsString, Vec<u8>, bool)]) -> io::Result<()> {
+        probe_xattrs(kind, xattrs)
     }
     fn set_xattr(&self, path: &Path, name: &OsStr, value: &[u8]) -> io::Result<()> {
         self.change(|t, now| t.set_xattr(path, name, value, now))

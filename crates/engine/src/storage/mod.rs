@@ -155,6 +155,35 @@ pub trait Storage: Send + Sync + 'static {
     fn free_bytes(&self) -> io::Result<Option<u64>> {
         Ok(None)
     }
+    /// Whether the backing can hold an object of `kind` whose extended
+    /// attributes are exactly `xattrs` (name, value, and whether the engine
+    /// would write it: `false` for an attribute the object already holds on
+    /// the backing unchanged). The first error the backing gives for a
+    /// written attribute, or for the set's size (EOPNOTSUPP, ENOSPC, E2BIG,
+    /// ERANGE, EPERM ...), is returned; `Ok` if it fits or cannot be told.
+    /// `scratch` is a path beneath the engine's own folder where a trial
+    /// object may be built (a leftover there is replaced); nothing remains
+    /// there afterwards. The engine asks before it accepts an xattr change,
+    /// so that no checkpoint meets a set the backing refuses.
+    fn probe_xattrs(&self, _scratch: &Path, _kind: FileKind, _xattrs: &[(OsString, Vec<u8>, bool)]) -> io::Result<()> {
+        Ok(())
+    }
+    /// The largest size a regular file may have on the backing (a write
+    /// may end there, a truncate may reach it), if known.
+    fn max_file_size(&self) -> Option<u64> {
+        None
+    }
+    /// The most names one regular file may have on the backing, if known.
+    fn max_links(&self) -> Option<u64> {
+        None
+    }
+    /// Whether a checkpoint can give an object the owner `uid`:`gid` (a
+    /// daemon that is not root can `lchown` only to itself and its own
+    /// groups). Asked when the engine accepts an owner, so that no
+    /// checkpoint meets EPERM.
+    fn may_own(&self, _uid: u32, _gid: u32) -> bool {
+        true
+    }
     /// Whether the engine may give a file any owner and mode and still open
     /// it (root: `CAP_CHOWN`, `CAP_DAC_OVERRIDE`). Only then does a
     /// checkpoint rename a shadow over a file (DESIGN §2a): a data file

@@ -27,6 +27,13 @@
 //! * Extended attributes go through `/proc/self/fd/<parent>/<name>` with the
 //!   `l*xattr` calls (so `/proc` must be mounted for them). `ENOTSUP` reads
 //!   as "no attribute" for `get_xattr`, `list_xattrs` and `remove_xattr`.
+//! * The backing's limits, so the engine refuses at the call what a
+//!   checkpoint could not apply (issue 23): `probe_xattrs` builds a scratch
+//!   object of the same kind at the path it is given (the engine's
+//!   `.txfs/probe`), sets the whole resulting xattr set on it and removes
+//!   it; `max_file_size` is probed once with `ftruncate` of a nameless
+//!   `O_TMPFILE`; `max_links` is `_PC_LINK_MAX` where glibc knows it
+//!   (ext2/3/4, xfs, btrfs), unknown elsewhere.
 
 use super::mem::{components, err};
 use super::{FileKind, Meta, Storage, StoredFile, Timestamp};
@@ -49,6 +56,8 @@ pub struct RealFs {
     /// openat2 walk. Any rename, unlink or rmdir empties it, so a cached
     /// path never names another file than a fresh resolution would.
     readers: parking_lot::Mutex<Vec<(std::path::PathBuf, Arc<File>)>>,
+    /// The backing file system's largest file size, probed once.
+    max_size: std::sync::OnceLock<Option<u64>>,
 }
 
 /// How many read descriptors [`RealFs`] keeps.
@@ -143,7 +152,7 @@ impl RealFs {
     /// Opens the backing root directory.
     pub fn open(root: &Path) -> io::Result<RealFs> {
         let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(root)?;
-        Ok(RealFs { root: f.into(), readers: parking_lot::Mutex::new(Vec::new()) })
+        Ok(RealFs { root: f.into(), readers: parking_lot::Mutex::new(Vec::new()), max_size: Default::default() })
     }
 
     /// The fd of the backing root directory (opened `O_RDONLY|O_DIRECTORY`).
@@ -271,6 +280,47 @@ impl RealFs {
         }
     }
 
+    /// The largest length `ftruncate` accepts on a nameless scratch file
+    /// (`O_TMPFILE` in the root, gone when closed): the file system's
+    /// maximum file size (ext4 with 4 KiB blocks: 16 TiB), which a write
+    /// may reach and not pass (`EFBIG`). `None` if no scratch file can be
+    /// made here.
+    fn probe_max_size(&self) -> Option<u64> {
+        // SAFETY: a valid C string; the fd is checked and owned below.
+        let fd = unsafe {
+            libc::openat(self.root_fd(), c".".as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o600)
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: the kernel just gave us this fd.
+        let f = unsafe { File::from_raw_fd(fd) };
+        let fits = |len: u64| ftruncate(&f, len).is_ok();
+        let (mut ok, mut bad) = (0u64, i64::MAX as u64 + 1);
+        if fits(bad - 1) {
+            return Some(bad - 1);
+        }
+        while bad - ok > 1 {
+            let mid = ok + (bad - ok) / 2;
+            if fits(mid) {
+                ok = mid;
+            } else {
+                bad = mid;
+            }
+        }
+        let _ = ftruncate(&f, 0);
+        Some(ok)
+    }
+
+    /// Removes whatever is at `path` (a file, symlink or empty directory).
+    fn remove_any(&self, path: &Path) -> io::Result<()> {
+        match self.unlink(path) {
+            Err(e) if errno_of(&e) == libc::EISDIR || errno_of(&e) == libc::EPERM => self.rmdir(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
+    }
+
     /// `/proc/self/fd/<dir>/<name>`: the object itself for the `l*xattr`
     /// calls (the magic link is the middle component; the name is not
     /// followed).
@@ -325,6 +375,76 @@ impl Storage for RealFs {
         // SAFETY: geteuid cannot fail.
         let blocks = if unsafe { libc::geteuid() } == 0 { v.f_bfree } else { v.f_bavail };
         Ok(Some(blocks.saturating_mul(v.f_frsize)))
+    }
+
+    fn probe_xattrs(&self, scratch: &Path, kind: FileKind, xattrs: &[(OsString, Vec<u8>, bool)]) -> io::Result<()> {
+        self.remove_any(scratch)?;
+        match kind {
+            FileKind::File => self.create_file(scratch, 0o600)?,
+            FileKind::Dir => self.mkdir(scratch, 0o700)?,
+            FileKind::Symlink => self.symlink(OsStr::new("txfs-probe"), scratch)?,
+            FileKind::Other => return Ok(()),
+        }
+        // What the engine writes first, so its own refusal (a namespace,
+        // a size) is what is reported; an attribute the object keeps as it
+        // is counts only for the room it takes.
+        let mut res = Ok(());
+        for written in [true, false] {
+            for (name, value, _) in xattrs.iter().filter(|x| x.2 == written) {
+                match self.set_xattr(scratch, name, value) {
+                    Ok(()) => {}
+                    Err(e) if written || matches!(errno_of(&e), libc::ENOSPC | libc::E2BIG) => {
+                        res = Err(e);
+                        break;
+                    }
+                    Err(_) => {}
+                }
+            }
+            if res.is_err() {
+                break;
+            }
+        }
+        self.remove_any(scratch)?;
+        res
+    }
+    fn may_own(&self, uid: u32, gid: u32) -> bool {
+        // SAFETY: these calls have no preconditions; getgroups fills at
+        // most the length it is given.
+        unsafe {
+            if libc::geteuid() == 0 {
+                return true;
+            }
+            if uid != libc::geteuid() {
+                return false;
+            }
+            if gid == libc::getegid() {
+                return true;
+            }
+            let mut groups = vec![0 as libc::gid_t; 1024];
+            let n = libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr());
+            n > 0 && groups[..n as usize].contains(&gid)
+        }
+    }
+    fn max_file_size(&self) -> Option<u64> {
+        *self.max_size.get_or_init(|| self.probe_max_size())
+    }
+    fn max_links(&self) -> Option<u64> {
+        // glibc's `_PC_LINK_MAX` is exact only for the file systems it
+        // knows (ext2/3/4: 32 000 or 65 000, xfs, btrfs); for the others
+        // (tmpfs among them) it guesses 127, which would refuse names the
+        // backing takes. Those are left to the backing.
+        // SAFETY: fstatfs into a zeroed struct on our own descriptor.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatfs(self.root_fd(), &mut st) } != 0 {
+            return None;
+        }
+        const KNOWN: [i64; 3] = [0xEF53 /* ext2/3/4 */, 0x5846_5342 /* xfs */, 0x9123_683E /* btrfs */];
+        if !KNOWN.contains(&(st.f_type as i64)) {
+            return None;
+        }
+        // SAFETY: fpathconf on our own descriptor.
+        let n = unsafe { libc::fpathconf(self.root_fd(), libc::_PC_LINK_MAX) };
+        (n > 0).then_some(n as u64)
     }
 
     fn lstat(&self, path: &Path) -> io::Result<Meta> {

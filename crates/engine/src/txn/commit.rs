@@ -79,7 +79,7 @@ impl Engine {
             let t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
             st.stats.live_txs = st.txs.len() as u64;
             self.shared.copied.notify_all();
-            if let Some(p) = st.poisoned.clone() {
+            if let Some(p) = st.poisoned() {
                 st.discard_tx(&t);
                 return Err(Error::Poisoned(p));
             }
@@ -216,6 +216,11 @@ pub(super) fn commit_locked(
                 // to the file system: this commit failed whole, a retry may fit.
                 let _ = crate::log::files::drop_spare(&*st.storage);
                 st.drop_spares();
+            } else if e.errno() != libc::EFBIG {
+                // Anything but "no room" (EIO above all): what the journal
+                // holds is no longer known, so nothing more is acknowledged
+                // until recovery reads it back (the one poison latch).
+                st.poison_journal(format!("journal write: {e}"));
             }
             return Err(e);
         }

@@ -125,7 +125,8 @@ impl Engine {
     /// backing tree holds exactly the committed state as plain files.
     pub fn open(storage: Arc<dyn Storage>, opts: Options) -> Result<Engine> {
         let state = crate::recovery::recover(storage, &opts)?;
-        let sync = SyncState::new(state.journal.epoch, state.journal.file.clone(), state.journal.end);
+        let sync =
+            SyncState::new(state.journal.epoch, state.journal.file.clone(), state.journal.end, state.poison_latch());
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             sync,
@@ -170,8 +171,13 @@ impl Engine {
     /// (ordered) before the lock is released (I4).
     fn run<T>(&self, tx: Option<TxId>, f: impl FnOnce(&mut State, &mut Tx) -> Result<T>) -> Result<T> {
         let mut st = self.lock();
-        if let Some(p) = &st.poisoned {
-            return Err(Error::Poisoned(p.clone()));
+        // Poisoned: nothing more is acknowledged; a plain read goes on if
+        // the state in memory is still exact (see `Poison`).
+        let poisoned = st.poisoned();
+        if let Some(p) = &poisoned {
+            if tx.is_some() || !st.poisoned.reads_ok() {
+                return Err(Error::Poisoned(p.clone()));
+            }
         }
         match tx {
             Some(id) => {
@@ -193,6 +199,10 @@ impl Engine {
                 let out = f(&mut st, &mut t);
                 match out {
                     Ok(v) => {
+                        if let Some(p) = poisoned.filter(|_| !t.delta.is_empty()) {
+                            st.discard_tx(&t);
+                            return Err(Error::Poisoned(p));
+                        }
                         if !t.delta.is_empty() {
                             commit_locked(&mut st, &self.shared.sync, t, false)?;
                         }
@@ -250,6 +260,11 @@ impl Engine {
     pub fn setattr(&self, tx: Option<TxId>, o: ObjId, set: &SetAttr) -> Result<Attr> {
         self.run(tx, |st, t| {
             let cur = st.attr(t, o)?;
+            let (uid, gid) = (set.uid.unwrap_or(cur.uid), set.gid.unwrap_or(cur.gid));
+            if (set.uid.is_some() || set.gid.is_some()) && !st.storage.may_own(uid, gid) {
+                // The checkpoint could not give it that owner (issue 23).
+                return Err(Error::posix("chown", format!("{o} to {uid}:{gid}"), libc::EPERM));
+            }
             if let Some(s) = set.size {
                 st.truncate(t, o, s)?;
             }
@@ -333,6 +348,10 @@ impl Engine {
             let a = st.attr(t, o)?;
             if a.nlink == 0 {
                 return Err(Error::posix("link", format!("{o} was removed"), libc::ENOENT));
+            }
+            if st.max_links.is_some_and(|max| a.nlink >= max) {
+                // As the backing answers: the checkpoint could not make it.
+                return Err(Error::posix("link", format!("{o} has {} names", a.nlink), libc::EMLINK));
             }
             st.read_meta(t, parent)?;
             if st.lookup(t, parent, name)?.is_some() {
@@ -432,6 +451,9 @@ impl Engine {
             }
             if replace && !exists {
                 return Err(Error::posix("setxattr", format!("{name:?}"), libc::ENODATA));
+            }
+            if let Some(v) = value {
+                st.probe_xattrs(t, o, kind, name, v)?;
             }
             t.delta.obj(o).attr.xattrs.insert(name.to_owned(), value.map(|v| v.to_vec()));
             State::touch(t, o, false);
@@ -592,7 +614,7 @@ pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
                 .values()
                 .try_fold(0usize, |n, d| Some(n + d.len()).filter(|&n| n <= IDLE_CHECKPOINT_MAX_NAMES))
                 .is_some();
-            let pending = !st.committed.is_empty() && st.poisoned.is_none() && few_names;
+            let pending = !st.committed.is_empty() && st.poisoned().is_none() && few_names;
             (st.uncheckpointed() > sh.opts.checkpoint_bytes, pending, st.seq)
         };
         if seq != seen {
@@ -612,7 +634,7 @@ pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
             match checkpoint::run(&sh.state, &sh.sync) {
                 Ok(()) => postponed = false,
                 // Not started (no room): retried every interval, said once.
-                Err(e) if sh.state.lock().poisoned.is_none() => {
+                Err(e) if sh.state.lock().poisoned().is_none() => {
                     if !postponed {
                         tracing::error!("background checkpoint postponed: {e}");
                     }

@@ -71,6 +71,11 @@ impl State {
         // it is removed or moved, never by other names created in it (I3).
         self.read_meta(tx, parent)?;
         let pattr = self.attr_unrecorded(Some(tx), parent)?;
+        let gid = if pattr.mode & libc::S_ISGID != 0 { pattr.gid } else { owner.1 };
+        if !self.storage.may_own(owner.0, gid) {
+            // The checkpoint could not give it that owner (issue 23).
+            return Err(Error::posix("create", format!("{name:?} owned by {}:{gid}", owner.0), libc::EPERM));
+        }
         let o = self.new_obj(kind);
         let (uid, mut gid) = owner;
         let mut mode = mode & 0o7777;

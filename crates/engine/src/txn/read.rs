@@ -22,10 +22,11 @@ use super::Engine;
 use crate::delta::AttrDelta;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{ObjId, TxId};
+use crate::log::files::META_DIR;
 use crate::storage::{FileKind, Storage, Timestamp};
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 impl State {
@@ -282,6 +283,41 @@ impl State {
             FileKind::Dir => Ok(()),
             _ => Err(Error::posix("lookup", format!("{o} is not a directory"), libc::ENOTDIR)),
         }
+    }
+
+    /// Refuses setting `name` to `value` on `o` if the backing could not
+    /// hold the object's resulting attributes (issue 23: a namespace it does
+    /// not know, a value or a set too big for it), with the errno the
+    /// backing gives: accepted, such a change would fail the checkpoint and
+    /// leave the engine unable to ever apply its journal. The resulting set
+    /// is the base's attributes under every delta (`tx`'s included) and
+    /// this change; [`Storage::probe_xattrs`] tries it on a scratch object
+    /// of the same kind. The caller has recorded its read of `o`'s
+    /// metadata, so two transactions that each fill an object conflict.
+    pub(super) fn probe_xattrs(&self, tx: &Tx, o: ObjId, kind: FileKind, name: &OsStr, value: &[u8]) -> Result<()> {
+        let mut set: BTreeMap<OsString, (Vec<u8>, bool)> = BTreeMap::new();
+        if !self.is_created(tx, o) {
+            let p = self.base_path(o).ok_or(Error::Stale(o))?;
+            for n in self.storage.list_xattrs(&p).ctx("listxattr", || p.display().to_string())? {
+                if let Some(v) = self.storage.get_xattr(&p, &n).ctx("getxattr", || p.display().to_string())? {
+                    set.insert(n, (v, false));
+                }
+            }
+        }
+        for d in [self.frozen.as_ref(), Some(&self.committed), Some(&tx.delta)].into_iter().flatten() {
+            for (k, v) in d.objs.get(&o).map(|od| &od.attr.xattrs).into_iter().flatten() {
+                match v {
+                    Some(v) => set.insert(k.clone(), (v.clone(), true)),
+                    None => set.remove(k),
+                };
+            }
+        }
+        set.insert(name.to_owned(), (value.to_vec(), true));
+        let list: Vec<_> = set.into_iter().map(|(k, (v, w))| (k, v, w)).collect();
+        let scratch = Path::new(META_DIR).join("probe");
+        self.storage
+            .probe_xattrs(&scratch, kind, &list)
+            .map_err(|e| Error::io("setxattr", format!("{name:?} on {o}"), e))
     }
 
     /// An extended attribute as `tx` sees it; records the read.

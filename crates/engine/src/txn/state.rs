@@ -9,10 +9,10 @@
 //! * the commit stamps ([`Versions`], I2) and the commit counter;
 //! * the journal writer and the journal files committed extents point into;
 //! * the data files of live transactions and of committed records;
-//! * counters, and the poison latch (`poisoned`: a checkpoint that failed
-//!   half way refuses all further work until the engine is reopened and
-//!   recovery finishes its plan; a failed journal sync latches in
-//!   `log::group_commit` instead).
+//! * counters, and the engine's one poison latch (`poisoned`, shared with
+//!   the group commit: a checkpoint that failed half way or a failed
+//!   journal sync refuses all further work until the engine is reopened
+//!   and recovery finishes it).
 //!
 //! Invariants kept here: an object is reachable by a transaction only if
 //! it is in the tree, the committed delta, or that transaction's own delta
@@ -27,6 +27,7 @@ use crate::delta::{DataLoc, Delta};
 use crate::error::{Error, Result};
 use crate::ids::{DataFileId, Epoch, ObjId, Seq, TxId};
 use crate::log::files::{data_path, journal_path, read_exact_at, DataFile, META_DIR};
+use crate::log::group_commit::Poison;
 use crate::log::journal::{self, JournalWriter};
 use crate::storage::{FileKind, Meta, Storage, StoredFile};
 use std::collections::{HashMap, HashSet};
@@ -160,13 +161,18 @@ pub(crate) struct State {
     pub(super) next_data: u64,
     /// Bytes in data files that committed records name (checkpoint trigger).
     pub(super) committed_data_bytes: u64,
-    pub(super) poisoned: Option<String>,
+    pub(super) poisoned: Arc<Poison>,
     /// Orphans whose last handle closed: removed once a checkpoint has
     /// retired the journal that may name them.
     pub(super) released_orphans: Vec<ObjId>,
     pub(super) stats: Stats,
     pub(super) spill_threshold: u64,
     pub(super) stage_threshold: u64,
+    /// The backing's largest file size and most names per file, if known:
+    /// a write, truncate or link past them is refused at the call (EFBIG,
+    /// EMLINK) rather than accepted and met by the checkpoint.
+    pub(super) max_file_size: Option<u64>,
+    pub(super) max_links: Option<u64>,
     /// Spare data files: the old inodes of files a checkpoint replaced by
     /// their shadows, `(id, length)`. A new shadow takes one and overwrites
     /// blocks that are already allocated (DESIGN §2a).
@@ -324,6 +330,7 @@ impl State {
     /// committed yet, appending to `journal` after the commit `prev_seq`.
     pub(crate) fn new(storage: Arc<dyn Storage>, journal: JournalWriter, prev_seq: Seq, opts: &Options) -> State {
         let (epoch, jf) = (journal.epoch, journal.file.clone());
+        let storage_limits = (storage.max_file_size(), storage.max_links());
         let mut st = State {
             storage,
             nodes: HashMap::new(),
@@ -341,12 +348,14 @@ impl State {
             data_files: HashMap::new(),
             next_data: 0,
             committed_data_bytes: 0,
-            poisoned: None,
+            poisoned: Arc::default(),
             released_orphans: Vec::new(),
             spares: Vec::new(),
             stats: Default::default(),
             spill_threshold: opts.spill_threshold,
             stage_threshold: opts.stage_threshold,
+            max_file_size: storage_limits.0,
+            max_links: storage_limits.1,
         };
         let dir = |parent: ObjId, name: &str| Node {
             kind: FileKind::Dir,
@@ -388,14 +397,25 @@ impl State {
     }
 
     /// Why the engine refuses work, if it does.
-    pub(crate) fn poisoned(&self) -> Option<&str> {
-        self.poisoned.as_deref()
+    pub(crate) fn poisoned(&self) -> Option<String> {
+        self.poisoned.get()
+    }
+
+    /// The latch itself, for the group commit to share.
+    pub(crate) fn poison_latch(&self) -> Arc<Poison> {
+        self.poisoned.clone()
     }
 
     /// From now on every operation fails with `why`: the backing tree may
     /// no longer match what the state says of it (recovery mends it).
     pub(crate) fn poison(&mut self, why: String) {
-        self.poisoned = Some(why);
+        self.poisoned.set(why, false);
+    }
+
+    /// From now on nothing is acknowledged (the journal's contents are
+    /// unknown) but plain reads of the in-memory state go on.
+    pub(crate) fn poison_journal(&mut self, why: String) {
+        self.poisoned.set(why, true);
     }
 
     /// Reads that ran without the lock must not trust what they read: a

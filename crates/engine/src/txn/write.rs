@@ -44,6 +44,7 @@ impl State {
         if data.is_empty() {
             return Ok(());
         }
+        self.check_file_size("write", o, off.saturating_add(data.len() as u64))?;
         off.checked_add(data.len() as u64)
             .filter(|e| *e <= i64::MAX as u64)
             .ok_or_else(|| Error::posix("write", format!("{o} at {off}"), libc::EFBIG))?;
@@ -311,15 +312,22 @@ impl State {
         Ok(true)
     }
 
+    /// EFBIG for a file size the backing could not hold (issue 23: the
+    /// checkpoint would meet it and fail), as the backing itself answers.
+    fn check_file_size(&self, op: &'static str, o: ObjId, end: u64) -> Result<()> {
+        if end > self.max_file_size.unwrap_or(i64::MAX as u64).min(i64::MAX as u64) {
+            return Err(Error::posix(op, format!("{o} up to {end}"), libc::EFBIG));
+        }
+        Ok(())
+    }
+
     pub(super) fn truncate(&mut self, tx: &mut Tx, o: ObjId, size: u64) -> Result<()> {
         match self.kind_in(Some(tx), o)? {
             FileKind::File => {}
             FileKind::Dir => return Err(Error::posix("truncate", o.to_string(), libc::EISDIR)),
             _ => return Err(Error::posix("truncate", o.to_string(), libc::EINVAL)),
         }
-        if size > i64::MAX as u64 {
-            return Err(Error::posix("truncate", format!("{o} to {size}"), libc::EFBIG));
-        }
+        self.check_file_size("truncate", o, size)?;
         if let Some(&id) = tx.staged.get(&o) {
             let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
             df.writer()?.set_len(size).ctx("truncate", || data_path(id).display().to_string())?;
@@ -338,7 +346,10 @@ impl Engine {
     pub fn write(&self, tx: Option<TxId>, o: ObjId, off: u64, data: &[u8]) -> Result<usize> {
         let len = data.len() as u64;
         let reserved = self.run(tx, |st, t| match tx.is_some() {
-            true => match st.reserve_spill(t, o, off, len)? {
+            true => match st
+                .check_file_size("write", o, if len == 0 { 0 } else { off.saturating_add(len) })
+                .and_then(|()| st.reserve_spill(t, o, off, len))?
+            {
                 Some(r) => Ok(Some(r)),
                 None => st.write(t, o, off, data).map(|_| None),
             },
@@ -362,13 +373,14 @@ impl Engine {
             self.shared.copied.notify_all();
         }
         let doomed = t.doomed.clone();
-        if let (Ok(()), None, None) = (&copied, &doomed, &st.poisoned) {
+        let poisoned = st.poisoned();
+        if let (Ok(()), None, None) = (&copied, &doomed, &poisoned) {
             st.spilled(&mut t, o, off, len, id, at);
         }
         let id_tx = t.id;
         st.txs.insert(id_tx, t);
-        if let Some(p) = &st.poisoned {
-            return Err(Error::Poisoned(p.clone()));
+        if let Some(p) = poisoned {
+            return Err(Error::Poisoned(p));
         }
         match copied {
             Ok(()) => match doomed {
