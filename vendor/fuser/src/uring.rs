@@ -323,6 +323,7 @@ pub(crate) fn prepare(
             stop: AtomicBool::new(false),
             mountpoint: mountpoint.clone(),
             pumps: AtomicUsize::new(0),
+            pumped: Mutex::new(std::time::Instant::now()),
         });
         for k in 0..per_queue {
             rings.push(
@@ -402,10 +403,21 @@ pub(crate) struct Queue {
     mountpoint: Option<PathBuf>,
     /// Pump requests in flight.
     pumps: AtomicUsize,
+    /// When a pump request last started with none in flight, or was last
+    /// answered.
+    pumped: Mutex<std::time::Instant>,
 }
 
-/// Pump requests in flight per queue, at most.
+/// Pump requests in flight per queue, as long as they are being answered.
 const PUMPS: usize = 4;
+/// Pump requests in flight per queue, at most: past [`PUMPS`], one more is
+/// sent only while none has been answered for [`PUMP_STUCK`]. Pumps that
+/// all arrived while no entry was armed are queued like the rest, and only
+/// a request that arrives after an entry is armed drains them: without
+/// another pump, the queue (and a page fault's READ in it) would wait for
+/// good.
+const PUMPS_MAX: usize = 64;
+const PUMP_STUCK: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl Queue {
     fn park(&self, delta: isize) {
@@ -442,16 +454,25 @@ impl Queue {
             // still parked after a millisecond is pumped.
             std::thread::sleep(std::time::Duration::from_millis(1));
             let parked = *self.parked.lock().unwrap_or_else(|e| e.into_inner()) > 0;
-            if !parked || self.stop.load(Ordering::SeqCst) || self.pumps.load(Ordering::SeqCst) >= PUMPS {
+            let inflight = self.pumps.load(Ordering::SeqCst);
+            let stuck = || self.pumped.lock().unwrap_or_else(|e| e.into_inner()).elapsed() >= PUMP_STUCK;
+            if !parked
+                || self.stop.load(Ordering::SeqCst)
+                || inflight >= PUMPS_MAX
+                || (inflight >= PUMPS && !stuck())
+            {
                 continue;
             }
-            self.pumps.fetch_add(1, Ordering::SeqCst);
+            if self.pumps.fetch_add(1, Ordering::SeqCst) == 0 {
+                *self.pumped.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+            }
             let (queue, path) = (self.clone(), path.clone());
             let spawned = std::thread::Builder::new().name(format!("fuser-pump-{}", self.qid)).spawn(move || {
                 pin_to_cpu(queue.qid);
                 // SAFETY: a valid path and a buffer of the right type.
                 let mut st: libc::statfs = unsafe { std::mem::zeroed() };
                 unsafe { libc::statfs(path.as_ptr(), &mut st) };
+                *queue.pumped.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
                 queue.pumps.fetch_sub(1, Ordering::SeqCst);
             });
             if spawned.is_err() {
