@@ -143,6 +143,31 @@ pub struct TreeTx {
     /// The `txfs run` process that registered the tree and ends it.
     pub owner: u32,
     pub owner_start: u64,
+    /// pidfds of the root and the owner, taken when the tree was added (both
+    /// were alive: the owner was asking, the root its child). Start times
+    /// count clock ticks, and a pid steered into reuse within the same tick
+    /// has the dead one's; a pidfd never names the newcomer.
+    pub root_pidfd: Option<Arc<OwnedFd>>,
+    pub owner_pidfd: Option<Arc<OwnedFd>>,
+}
+
+impl TreeTx {
+    /// The owner that registered the tree has not exited.
+    pub fn owner_alive(&self) -> bool {
+        self.owner_pidfd.as_ref().is_none_or(|fd| still_running(fd))
+    }
+
+    fn root_alive(&self) -> bool {
+        self.root_pidfd.as_ref().is_none_or(|fd| still_running(fd))
+    }
+}
+
+/// A pidfd of process `pid` (Linux 5.3+).
+fn process_pidfd(pid: u32) -> Option<Arc<OwnedFd>> {
+    // SAFETY: a plain syscall on integers.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a descriptor the kernel just gave us.
+    (r >= 0).then(|| Arc::new(unsafe { OwnedFd::from_raw_fd(r as i32) }))
 }
 
 /// A thread's cached tree membership: its start time, the tree's
@@ -508,8 +533,10 @@ impl TxMap {
     /// `creds`: the caller's (its child has the same); a request with
     /// others is not the tree's.
     pub fn add_tree(&self, root: u32, owner: u32, tx: TxId, starts: (u64, u64), creds: Creds) {
+        let (root_pidfd, owner_pidfd) = (process_pidfd(root), process_pidfd(owner));
         let mut g = self.inner.lock();
-        g.trees.insert(root, TreeTx { tx, root_start: starts.0, owner, owner_start: starts.1 });
+        let t = TreeTx { tx, root_start: starts.0, owner, owner_start: starts.1, root_pidfd, owner_pidfd };
+        g.trees.insert(root, t);
         g.owners.insert(tx, creds);
         let old = std::mem::take(&mut g.cache);
         g.trees_gen += 1;
@@ -517,9 +544,11 @@ impl TxMap {
         drop(old); // its pidfds closed outside the lock
     }
 
-    /// The tree of `root`: its transaction, owner and owner's start time.
-    pub fn tree(&self, root: u32) -> Option<(TxId, u32, u64)> {
-        self.inner.lock().trees.get(&root).map(|t| (t.tx, t.owner, t.owner_start))
+    /// The tree of `root`: its transaction, owner and owner's start time,
+    /// and whether that owner is still alive (a caller with its pid and
+    /// start time is a newcomer otherwise).
+    pub fn tree(&self, root: u32) -> Option<(TxId, u32, u64, bool)> {
+        self.inner.lock().trees.get(&root).map(|t| (t.tx, t.owner, t.owner_start, t.owner_alive()))
     }
 
     pub fn remove_tree(&self, root: u32) -> Option<TxId> {
@@ -541,7 +570,8 @@ impl TxMap {
             let g = self.inner.lock();
             let threads: Vec<(u32, TxId, Start, Option<Arc<OwnedFd>>)> =
                 g.threads.iter().map(|(tid, t)| (*tid, t.tx, t.start, t.pidfd.clone())).collect();
-            let owners: Vec<(u32, u32, u64)> = g.trees.iter().map(|(r, t)| (*r, t.owner, t.owner_start)).collect();
+            let owners: Vec<(u32, u32, u64, bool)> =
+                g.trees.iter().map(|(r, t)| (*r, t.owner, t.owner_start, t.owner_alive())).collect();
             (threads, owners)
         };
         let mut gone_threads = Vec::new();
@@ -566,7 +596,7 @@ impl TxMap {
             }
         }
         let gone_trees: Vec<_> =
-            owners.into_iter().filter(|(_, owner, start)| certainly_gone(*owner, *start)).collect();
+            owners.into_iter().filter(|(_, owner, start, alive)| !alive || certainly_gone(*owner, *start)).collect();
         let mut g = self.inner.lock();
         let mut dead = std::mem::take(&mut g.orphans);
         for (tid, tx, start, s) in learned {
@@ -584,7 +614,7 @@ impl TxMap {
             }
         }
         let mut old = HashMap::new();
-        for (root, owner, start) in gone_trees {
+        for (root, owner, start, _) in gone_trees {
             if g.trees.get(&root).is_some_and(|t| t.owner == owner && t.owner_start == start) {
                 if let Some(t) = g.trees.remove(&root) {
                     dead.push(t.tx);
@@ -606,7 +636,7 @@ fn tree_of(trees: &HashMap<u32, TreeTx>, tid: u32) -> Option<Option<TxId>> {
     let (mut pid, mut ppid) = tgid_ppid(tid)?;
     for _ in 0..256 {
         if let Some(t) = trees.get(&pid) {
-            if start_time(pid)? == t.root_start {
+            if t.root_alive() && start_time(pid)? == t.root_start {
                 return Some(Some(t.tx));
             }
         }

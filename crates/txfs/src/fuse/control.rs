@@ -259,10 +259,11 @@ impl TxFs {
                     }
                     wire::RUN_COMMIT | wire::RUN_ABORT if self.view().is_some() => Err(Errno::from_i32(libc::EBUSY)),
                     wire::RUN_COMMIT | wire::RUN_ABORT => {
-                        let (tx, owner, owner_start) = self.txs.tree(pid).ok_or(Errno::from_i32(libc::ENOENT))?;
+                        let (tx, owner, owner_start, alive) =
+                            self.txs.tree(pid).ok_or(Errno::from_i32(libc::ENOENT))?;
                         // The owner's process, not one that got its pid
                         // after it died (its tree is aborted by the reaper).
-                        if owner != caller || procfs::start_time(caller) != Some(owner_start) {
+                        if !alive || owner != caller || procfs::start_time(caller) != Some(owner_start) {
                             return Err(eperm());
                         }
                         self.txs.remove_tree(pid);
