@@ -24,7 +24,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use txfs_engine::storage::RealFs;
-use txfs_engine::{Durability, Engine, ObjId, Options, TxId};
+use txfs_engine::{Durability, Engine, ObjId, Options, SetAttr, Timestamp, TxId};
 
 fn scratch_root() -> tempfile::TempDir {
     let base = std::env::var_os("TXFS_TEST_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"));
@@ -367,4 +367,20 @@ fn owners_an_unprivileged_daemon_cannot_give_are_refused_at_the_call() {
     e.close().unwrap();
     let e = Engine::open(fs, opts()).unwrap();
     assert_eq!(e.getattr(None, e.resolve(None, Path::new("mine")).unwrap()).unwrap().uid, 1000);
+}
+
+/// A time with nanoseconds past a second is refused at the call (EINVAL, as
+/// utimensat): the checkpoint could not apply it.
+#[test]
+fn times_with_nanoseconds_past_a_second_are_refused_at_the_call() {
+    let p = place();
+    let engine = open(&p);
+    let f = engine.create(None, ObjId::ROOT, "f".as_ref(), 0o644, 0, 0).unwrap().obj;
+    let bad = Timestamp { secs: 1, nanos: 1_000_000_000 };
+    for set in [SetAttr { mtime: Some(bad), ..SetAttr::default() }, SetAttr { atime: Some(bad), ..SetAttr::default() }]
+    {
+        let e = engine.setattr(None, f, &set).unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
+    }
+    engine.checkpoint().unwrap();
 }

@@ -840,3 +840,30 @@ print('\n'.join(names))
     all.dedup();
     assert_eq!(all.len(), 800, "a name came twice");
 }
+
+/// Times before the epoch in whole seconds (`touch -d 1901-12-13`, tar
+/// archives of old files) are what was set, and the checkpoint applies
+/// them: the conversion once made them one second early with 1e9
+/// nanoseconds, which the backing's utimensat refuses, so the checkpoint
+/// failed and the mount answered EIO for good (found by
+/// reliability/hostile.py, class entry).
+#[test]
+fn times_before_the_epoch_survive_the_checkpoint() {
+    let mut m = Mount::new();
+    let times = [(-(1i64 << 31), 0i64), (-1, 0), (-1, 500_000_000), (-86_400, 999_999_999)];
+    for (i, (secs, nanos)) in times.iter().enumerate() {
+        let p = m.path(format!("old{i}"));
+        File::create(&p).unwrap();
+        let ts = libc::timespec { tv_sec: *secs, tv_nsec: *nanos };
+        // SAFETY: valid C string and two timespecs.
+        let r = unsafe { libc::utimensat(libc::AT_FDCWD, cpath(&p).as_ptr(), [ts, ts].as_ptr(), 0) };
+        io_result(r).unwrap();
+        let md = std::fs::metadata(&p).unwrap();
+        assert_eq!((md.mtime(), md.mtime_nsec()), (*secs, *nanos), "old{i} on the mount");
+    }
+    m.umount_clean(); // checkpoints: would fail (EINVAL) with the old conversion
+    for (i, (secs, nanos)) in times.iter().enumerate() {
+        let md = std::fs::metadata(m.backing().join(format!("old{i}"))).unwrap();
+        assert_eq!((md.mtime(), md.mtime_nsec()), (*secs, *nanos), "old{i} in the backing directory");
+    }
+}

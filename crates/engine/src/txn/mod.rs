@@ -258,6 +258,11 @@ impl Engine {
     }
 
     pub fn setattr(&self, tx: Option<TxId>, o: ObjId, set: &SetAttr) -> Result<Attr> {
+        // A time the backing's utimensat refuses would fail the checkpoint
+        // (issue 23): nanoseconds are 0..1e9, as utimensat wants them.
+        if [set.atime, set.mtime].iter().flatten().any(|t| t.nanos >= 1_000_000_000) {
+            return Err(Error::posix("utimens", format!("{o}: nanoseconds out of range"), libc::EINVAL));
+        }
         self.run(tx, |st, t| {
             let cur = st.attr(t, o)?;
             let (uid, gid) = (set.uid.unwrap_or(cur.uid), set.gid.unwrap_or(cur.gid));

@@ -238,9 +238,13 @@ fn stamp(t: TimeOrNow) -> Timestamp {
     };
     match st.duration_since(UNIX_EPOCH) {
         Ok(d) => Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
+        // Before the epoch: whole seconds down, nanoseconds up (0..1e9).
         Err(e) => {
             let d = e.duration();
-            Timestamp { secs: -(d.as_secs() as i64) - 1, nanos: 1_000_000_000 - d.subsec_nanos() }
+            match d.subsec_nanos() {
+                0 => Timestamp { secs: -(d.as_secs() as i64), nanos: 0 },
+                n => Timestamp { secs: -(d.as_secs() as i64) - 1, nanos: 1_000_000_000 - n },
+            }
         }
     }
 }
