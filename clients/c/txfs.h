@@ -1,8 +1,12 @@
 /* txfs.h — transactions over a txfs mount (https://…/txfs; see SPEC.md §2).
  *
  * Every call returns 0 on success, or -1 with errno set. A transaction
- * belongs to the calling thread. Nested begins flatten into the outer
- * transaction; only the outermost commit commits.
+ * belongs to the calling thread, while that thread lives, and to the
+ * credentials (fsuid, fsgid) it began with: the thread running with others
+ * (a setuid or setgid program it executed) is outside the transaction, and
+ * its begin, commit and abort fail with EPERM, unless root began it. A
+ * transaction whose thread exited is aborted. Nested begins flatten into
+ * the outer transaction; only the outermost commit commits.
  *
  * errno TXFS_ECONFLICT (== EDEADLK, "Resource deadlock avoided"): the
  * transaction lost a conflict and is doomed; every later operation of it
@@ -18,8 +22,10 @@
  *   ENOTTY    $TXFS_MOUNT or path_in_mount is not inside a txfs mount;
  *   ENOENT, EACCES, ...  from stat(2)/open(2) of that path.
  * Other errnos: EXDEV for a nested begin on another mount than the open
- * transaction's; anything else comes from the daemon (e.g. commit or abort
- * without a transaction). commit and abort go to the mount of the calling
+ * transaction's; anything else comes from the daemon (e.g. EINVAL: commit
+ * or abort without a transaction; EIO: the daemon met an I/O error in its
+ * journal or checkpoint and acknowledges nothing more until the mount is
+ * mounted again). commit and abort go to the mount of the calling
  * thread's begin; with no begin recorded they use the mount found as above.
  */
 #ifndef TXFS_H
@@ -64,7 +70,10 @@ struct txfs_ioc_flags {
     uint32_t reserved; /* 0 */
 };
 
-/* Make a process tree one transaction (used by `txfs run`). */
+/* Make a process tree one transaction (used by `txfs run`). RUN_BEGIN
+ * only by the child's parent (EPERM), which becomes the tree's owner; a
+ * caller other than root gets EPERM for a child whose uids or gids are not
+ * all its own. RUN_COMMIT and RUN_ABORT only by that live owner (EPERM). */
 #define TXFS_RUN_BEGIN 1u
 #define TXFS_RUN_COMMIT 2u
 #define TXFS_RUN_ABORT 3u
@@ -105,7 +114,9 @@ struct txfs_ioc_begin_state {
  * answering what the new transaction sees of that file — its size and bytes
  * 24..40 (SQLite's file change counter), both in the transaction's read set
  * as if read — so a SQLite transaction's first two requests need no round
- * trip. A daemon older than this ioctl answers ENOTTY. */
+ * trip. It needs a descriptor open for reading (EBADF) and a caller allowed
+ * to read the file by its mode (EACCES); nothing is begun then. A daemon
+ * older than this ioctl answers ENOTTY. */
 struct txfs_ioc_begin_file {
     struct txfs_ioc_begin_state bs; /* in/out: as TXFS_IOC_BEGIN_STATE */
     uint64_t size;                  /* out: the file's size */
