@@ -17,6 +17,8 @@
 
 mod common;
 
+use common::recycled::{opts, recycled_with, write};
+
 use std::ffi::OsStr;
 use std::sync::Arc;
 use txfs_engine::delta::NO_CUT;
@@ -24,11 +26,7 @@ use txfs_engine::journal::{
     CommitRecord, ObjRef, RecAttr, RecFile, RecObj, FILE_HEADER_LEN, REC_HEADER_LEN, REC_VERSION,
 };
 use txfs_engine::storage::{CrashFs, CrashPlan, MemFs, Storage};
-use txfs_engine::{Durability, Engine, ObjId, Options};
-
-fn opts() -> Options {
-    Options { flush_interval: None, checkpoint_bytes: u64::MAX, ..Default::default() }
-}
+use txfs_engine::{Durability, Engine, ObjId};
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
@@ -40,20 +38,6 @@ fn journal_bytes(s: &dyn Storage) -> Vec<u8> {
     let mut v = vec![0u8; len];
     assert_eq!(s.read_at(&p, 0, &mut v).unwrap(), len);
     v
-}
-
-fn write(engine: &Engine, f: ObjId, off: u64, data: &[u8]) {
-    let tx = engine.begin();
-    engine.write(Some(tx), f, off, data).expect("write");
-    engine.commit(tx, Durability::Durable).expect("commit");
-}
-
-fn create(engine: &Engine, name: &str, data: &[u8]) -> ObjId {
-    let tx = engine.begin();
-    let f = engine.create(Some(tx), ObjId::ROOT, OsStr::new(name), 0o644, 0, 0).expect("create").obj;
-    engine.write(Some(tx), f, 0, data).expect("write");
-    engine.commit(tx, Durability::Durable).expect("commit");
-    f
 }
 
 fn read(engine: &Engine, name: &str) -> Vec<u8> {
@@ -128,27 +112,6 @@ fn user_data_in_a_recycled_journal_is_not_replayed_as_a_commit() {
     let engine = Engine::open(Arc::new(img), opts()).expect("recovery");
     let v = read(&engine, "v");
     assert_eq!(v, b"original", "recovery replayed a commit nobody made: v = {:?}", String::from_utf8_lossy(&v));
-}
-
-/// Epochs 1-3 as above, with `payload` written into f in epoch 2; then a
-/// checkpoint makes epoch 2's file the live journal of epoch 4.
-fn recycled_with(payload: &[u8], big: usize) -> (Arc<CrashFs>, Engine) {
-    let fs = Arc::new(CrashFs::new(MemFs::new()));
-    let engine = Engine::open(fs.clone(), opts()).expect("open");
-    let f = create(&engine, "f", b"nothing");
-    let h = create(&engine, "h", b"h");
-    engine.checkpoint().expect("checkpoint 1");
-    write(&engine, f, 0, payload);
-    if big > 0 {
-        // More ordinary data after it (the journal grows on).
-        for i in 0..big.div_ceil(4 << 20) {
-            write(&engine, h, (i as u64) << 22, &vec![b'z'; 4 << 20]);
-        }
-    }
-    engine.checkpoint().expect("checkpoint 2");
-    write(&engine, h, 0, b"epoch 3");
-    engine.checkpoint().expect("checkpoint 3");
-    (fs, engine)
 }
 
 /// (c) 48 bytes a user wrote into a file make the tree unmountable: after

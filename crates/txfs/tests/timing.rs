@@ -87,22 +87,6 @@ fn churn(dir: &Path, n: usize) {
     }
 }
 
-/// Voluntary context switches of the daemon's /dev/fuse threads.
-fn dev_fuse_switches(pid: u32) -> u64 {
-    let mut n = 0;
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        let Some(k) = comm.trim().strip_prefix("fuser-") else { continue };
-        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-        let v = status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"));
-        n += v.and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
-    }
-    n
-}
-
 /// Measures `forgets_are_read_without_a_wake_up_each` (uring.rs): over the
 /// ring, the thread reading FORGETs from /dev/fuse polls (at most one pause
 /// per millisecond) instead of being woken per FORGET, which made W12's

@@ -241,24 +241,6 @@ fn the_daemon_exits_with_its_ring_threads_and_can_do_without_them() {
     m.kill_daemon();
 }
 
-/// Voluntary context switches of the daemon's `/dev/fuse` threads (named
-/// `fuser-N`; ring threads are `fuser-ring-…`): each wake-up from a read,
-/// or each pause between polls, is one.
-fn dev_fuse_switches(pid: u32) -> u64 {
-    let mut n = 0;
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        let Some(k) = comm.trim().strip_prefix("fuser-") else { continue };
-        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-        let v = status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"));
-        n += v.and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
-    }
-    n
-}
-
 /// Story: over the ring, `/dev/fuse` still carries every FORGET (one per
 /// inode the kernel evicts: each unlinked file). Sixteen threads slept in
 /// `read` there, so every `unlink` woke one of them, on the other CPU, from

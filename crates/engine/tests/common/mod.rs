@@ -3,6 +3,8 @@
 //! straight from a `Storage` (what the backing directory holds).
 #![allow(dead_code)]
 
+pub mod recycled;
+
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;

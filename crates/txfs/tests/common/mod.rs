@@ -788,3 +788,21 @@ pub fn open_dir(p: &Path) -> libc::c_int {
     assert!(fd >= 0, "open {}: {}", p.display(), std::io::Error::last_os_error());
     fd
 }
+
+/// Voluntary context switches of the daemon's `/dev/fuse` threads (named
+/// `fuser-N`; ring threads are `fuser-ring-…`): each wake-up from a read,
+/// or each pause between polls, is one.
+pub fn dev_fuse_switches(pid: u32) -> u64 {
+    let mut n = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let Some(k) = comm.trim().strip_prefix("fuser-") else { continue };
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let v = status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"));
+        n += v.and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+    }
+    n
+}
