@@ -103,7 +103,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from isolation_mount import ROOT, command, finish, in_mountinfo, row, txfs, txfs_bin  # noqa: E402
+from isolation_mount import ROOT, command, daemon_alive, finish, in_mountinfo, row, rss_kib, txfs, txfs_bin  # noqa: E402
 from txfs import _wire  # noqa: E402
 
 E = errno
@@ -384,23 +384,10 @@ class Session:
         return True, ""
 
     def alive(self) -> bool:
-        if not in_mountinfo(self.mnt):
-            return False
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-        except (OSError, IndexError):
-            return False
+        return daemon_alive(self.pid, self.mnt)
 
     def rss_kib(self) -> int:
-        try:
-            with open(f"/proc/{self.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1])
-        except OSError:
-            pass
-        return 0
+        return rss_kib(self.pid)
 
     def umount(self) -> Tuple[bool, str]:
         """`txfs umount`; whether it went cleanly (else forced off)."""

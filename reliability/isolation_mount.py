@@ -46,6 +46,30 @@ def in_mountinfo(point: str) -> bool:
     return any(e.point == point for e in mounts.read_mountinfo())
 
 
+def daemon_alive(pid: int, mnt: str) -> bool:
+    """Daemon `pid` runs (not a zombie) and its mount is at `mnt`. By /proc,
+    not Popen.poll(): a forked child cannot wait for the daemon."""
+    if not in_mountinfo(mnt):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of process `pid` in KiB (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 class Mount:
     """`txfs mount BACKING MNT -f` over fresh temp directories; a context
     manager that always unmounts and stops the daemon it started."""
@@ -95,24 +119,11 @@ class Mount:
     def alive(self) -> bool:
         """The daemon runs (not a zombie) and the mount is there. By /proc,
         not Popen.poll(): a forked child of ours cannot wait for the daemon."""
-        if self.proc is None or not in_mountinfo(self.mnt):
-            return False
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-        except OSError:
-            return False
+        return self.proc is not None and daemon_alive(self.pid, self.mnt)
 
     def rss_kib(self) -> int:
         """VmRSS of the daemon in KiB (0 if it is gone)."""
-        try:
-            with open(f"/proc/{self.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1])
-        except OSError:
-            pass
-        return 0
+        return rss_kib(self.pid)
 
     def log_tail(self, n: int = 30) -> str:
         try:
