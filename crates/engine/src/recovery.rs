@@ -412,7 +412,11 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
         // The next epoch's journal of a running checkpoint, killed before
         // its header was written: finishing the plan writes it.
         let starting = plan_epoch == Some(e.wrapping_sub(1));
-        if starting && f.len().ctx("check", || jp.display().to_string())? < journal::FILE_HEADER_LEN {
+        // The very first journal, killed before its header was durable:
+        // nothing was ever committed, and recovery writes the header again
+        // (as `recover` above does).
+        let never_begun = e == 1 && plan_epoch.is_none();
+        if (starting || never_begun) && f.len().ctx("check", || jp.display().to_string())? < journal::FILE_HEADER_LEN {
             continue;
         }
         match journal::scan(&*f, &jp, Epoch(e)) {
