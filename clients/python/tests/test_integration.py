@@ -392,6 +392,67 @@ def test_sqlite_inside_transaction(work: str) -> None:
     assert not os.path.exists(db + "-journal")
 
 
+@pytest.mark.parametrize("journal_mode", ["delete", "wal"])
+def test_sqlite_connection_opened_before_the_transaction(work: str, journal_mode: str) -> None:
+    """The TxFS paper's mail client: a SQLite database held open by the
+    application (default VFS) and an attachment file, changed in one
+    transaction. SQLite refuses to write a database whose st_ino changed
+    under its connection (SQLITE_READONLY_DBMOVED), so the file must show
+    one inode number inside the transaction and out."""
+    db = os.path.join(work, "mail.db")
+    _make_db(db)
+    con = sqlite3.connect(db, isolation_level=None)
+    assert con.execute(f"PRAGMA journal_mode={journal_mode}").fetchone()[0] == journal_mode
+    outside = os.stat(db)
+    attachment = os.path.join(work, "attachment.bin")
+    with txfs.transaction():
+        inside = os.stat(db)
+        assert (inside.st_ino, inside.st_dev) == (outside.st_ino, outside.st_dev)
+        assert os.stat(work).st_ino == os.stat(work).st_ino
+        con.execute("BEGIN")
+        con.execute("INSERT INTO t (v) VALUES ('mail with attachment')")
+        con.execute("COMMIT")
+        write(attachment, "attached bytes\n")
+        assert os.stat(attachment).st_ino == os.stat(attachment).st_ino
+        assert not _outside_exists(attachment), "another process saw the uncommitted attachment"
+        if journal_mode == "delete":
+            # (WAL's index is memory shared with every connection through a
+            # mapping made before the transaction: see the test below.)
+            assert _db_state(db)[1] == ROWS, "another process saw the uncommitted row"
+    assert os.stat(db).st_ino == outside.st_ino
+    assert _db_state(db)[1] == ROWS + 1 and read(attachment) == "attached bytes\n"
+    con.close()
+
+
+@pytest.mark.parametrize(
+    "journal_mode",
+    ["delete", pytest.param("wal", marks=pytest.mark.xfail(strict=True, reason="issue 24: a shared mapping made before the transaction (WAL's -shm) is not the transaction's"))],
+)
+def test_sqlite_transaction_aborted_leaves_neither_row_nor_attachment(work: str, journal_mode: str) -> None:
+    db = os.path.join(work, "mail.db")
+    _make_db(db)
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute(f"PRAGMA journal_mode={journal_mode}")
+    attachment = os.path.join(work, "attachment.bin")
+    write(attachment, "kept\n")
+    try:
+        with txfs.transaction():
+            con.execute("INSERT INTO t (v) VALUES ('never sent')")
+            os.unlink(attachment)
+            raise KeyError("abort")
+    except KeyError:
+        pass
+    assert read(attachment) == "kept\n"
+    assert _db_state(db)[:2] == ("ok", ROWS)
+    assert con.execute("SELECT count(*) FROM t").fetchone()[0] == ROWS
+    con.close()
+
+
+def _outside_exists(path: str) -> bool:
+    r = run([sys.executable, "-c", "import os, sys; print(os.path.exists(sys.argv[1]))", path])
+    return r.stdout.strip() == "True"
+
+
 WRITER = textwrap.dedent(
     """
     import os, sqlite3, sys, time

@@ -270,6 +270,15 @@ impl ReplyEntry {
         ));
     }
 
+    /// Reply to a request with an entry whose kernel node id is `node`,
+    /// not `attr.ino`: the kernel keys its inode by the node id and takes
+    /// `st_ino` from `attr.ino`, so one file can have several kernel inodes
+    /// (txfs: one per transaction) that all show its inode number.
+    pub fn node_entry(self, node: INodeNo, ttl: &Duration, attr: &FileAttr, generation: Generation) {
+        self.reply
+            .send_ll(&ll::ResponseStruct::new_entry(node, generation, &attr.into(), *ttl, *ttl));
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);

@@ -188,15 +188,18 @@ impl TxFs {
         s.private.lock().id_for(t, o)
     }
 
-    /// Attributes for an entry reply, under the node id `tx` knows them by
-    /// (the kernel counts a lookup of the node id it names).
-    pub(super) fn entry_attr(&self, tx: Option<TxId>, a: &Attr) -> FileAttr {
-        let mut f = fattr(a);
-        f.ino = self.node_id(tx, a.obj, a.kind);
-        if let Some(s) = self.shared_mount().filter(|_| is_private(f.ino)) {
-            *s.private.lock().nlookup.entry(f.ino).or_default() += 1;
+    /// The node id `tx` knows `a`'s object by, and the attributes for an
+    /// entry reply naming it (the kernel counts a lookup of that node id).
+    /// The attributes carry the object's own inode number whatever the node
+    /// id: the kernel takes `st_ino` from them, so a file has one inode
+    /// number inside a transaction and out (SQLite refuses to write a
+    /// database whose `st_ino` changed under an open connection).
+    pub(super) fn entry_attr(&self, tx: Option<TxId>, a: &Attr) -> (INodeNo, FileAttr) {
+        let node = self.node_id(tx, a.obj, a.kind);
+        if let Some(s) = self.shared_mount().filter(|_| is_private(node)) {
+            *s.private.lock().nlookup.entry(node).or_default() += 1;
         }
-        f
+        (node, fattr(a))
     }
 
     /// Every node id of these objects: the shared one and private ones.

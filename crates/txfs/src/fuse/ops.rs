@@ -9,9 +9,9 @@
 use super::{errno, fattr, is_private, kind, stamp, TxFs, TTL};
 use crate::wire;
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig,
-    LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig, LockOwner,
+    OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -78,8 +78,8 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         match self.engine.lookup(tx, self.obj(parent), name) {
             Ok(a) => {
-                let fa = self.entry_attr(tx, &a);
-                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                let (node, fa) = self.entry_attr(tx, &a);
+                self.gate.reply(tx, node, ticket, |ttl| reply.node_entry(node, ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -101,7 +101,7 @@ impl Filesystem for TxFs {
             tx => tx,
         };
         match self.engine.getattr(tx, self.obj(ino)) {
-            Ok(a) => self.gate.reply(tx, ino, ticket, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) })),
+            Ok(a) => self.gate.reply(tx, ino, ticket, |ttl| reply.attr(ttl, &fattr(&a))),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -171,9 +171,7 @@ impl Filesystem for TxFs {
                 self.view_saw(tx, Some(self.obj(ino)));
                 let inval = if size.is_some() { self.committed_now(tx, self.obj(ino)) } else { Vec::new() };
                 let gate = self.gate.clone();
-                self.after(inval, move || {
-                    gate.reply(tx, ino, ticket, |ttl| reply.attr(ttl, &FileAttr { ino, ..fattr(&a) }))
-                })
+                self.after(inval, move || gate.reply(tx, ino, ticket, |ttl| reply.attr(ttl, &fattr(&a))))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -205,9 +203,9 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         match self.engine.create(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
             Ok(a) => {
-                let fa = self.entry_attr(tx, &a);
+                let (node, fa) = self.entry_attr(tx, &a);
                 self.view_saw(tx, None);
-                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.gate.reply(tx, node, ticket, |ttl| reply.node_entry(node, ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -219,9 +217,9 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         match self.engine.mkdir(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
             Ok(a) => {
-                let fa = self.entry_attr(tx, &a);
+                let (node, fa) = self.entry_attr(tx, &a);
                 self.view_saw(tx, None);
-                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.gate.reply(tx, node, ticket, |ttl| reply.node_entry(node, ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -255,9 +253,9 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         match self.engine.symlink(tx, self.obj(parent), link_name, target.as_os_str(), req.uid(), req.gid()) {
             Ok(a) => {
-                let fa = self.entry_attr(tx, &a);
+                let (node, fa) = self.entry_attr(tx, &a);
                 self.view_saw(tx, None);
-                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.gate.reply(tx, node, ticket, |ttl| reply.node_entry(node, ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -296,9 +294,9 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         match self.engine.link(tx, self.obj(ino), self.obj(newparent), newname) {
             Ok(a) => {
-                let fa = self.entry_attr(tx, &a);
+                let (node, fa) = self.entry_attr(tx, &a);
                 self.view_saw(tx, None);
-                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.entry(ttl, &fa, Generation(0)))
+                self.gate.reply(tx, node, ticket, |ttl| reply.node_entry(node, ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -481,7 +479,7 @@ impl Filesystem for TxFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let (tx, list) = match self.dir_listing(ino, fh, offset) {
+        let (_, list) = match self.dir_listing(ino, fh, offset) {
             Ok(l) => l,
             Err(e) => return reply.error(e),
         };
@@ -491,7 +489,7 @@ impl Filesystem for TxFs {
                 0 => reply.add(ino, 1, FileType::Directory, "."),
                 1 => reply.add(ino, 2, FileType::Directory, ".."),
                 _ => match list.get(i - 2) {
-                    Some(e) => reply.add(self.node_id(tx, e.obj, e.kind), i as u64 + 1, kind(e.kind), &e.name),
+                    Some(e) => reply.add(INodeNo(e.obj.0), i as u64 + 1, kind(e.kind), &e.name),
                     None => break,
                 },
             };
@@ -515,7 +513,7 @@ impl Filesystem for TxFs {
         };
         let ticket = self.gate.ticket();
         let here = match self.engine.getattr(tx, self.obj(ino)) {
-            Ok(a) => FileAttr { ino, ..fattr(&a) },
+            Ok(a) => fattr(&a),
             Err(e) => return reply.error(errno(&e)),
         };
         let mut i = offset as usize;
@@ -528,9 +526,9 @@ impl Filesystem for TxFs {
                 _ => match list.get(i - 2) {
                     Some(e) => match self.engine.getattr(tx, e.obj) {
                         Ok(a) => {
-                            let fa = self.entry_attr(tx, &a);
-                            self.gate.reply(tx, fa.ino, ticket, |ttl| {
-                                reply.add(fa.ino, i as u64 + 1, &e.name, ttl, &fa, Generation(0))
+                            let (node, fa) = self.entry_attr(tx, &a);
+                            self.gate.reply(tx, node, ticket, |ttl| {
+                                reply.add(node, i as u64 + 1, &e.name, ttl, &fa, Generation(0))
                             })
                         }
                         // Gone since the listing was taken: left out (fuser
