@@ -620,15 +620,14 @@ def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
             evs = read_logs(logs)
             for e in evs:
                 if e["ev"] == "error":
-                    # ENOENT inside a transaction for a path its snapshot holds: the open kernel-dcache bug
-                    # pinned by crates/txfs/tests/regressions.rs (ignored); counted apart. Also counted
-                    # there, SUSPECTED but not proven to be the same bug (seen once in a CI run, seed
-                    # 1182025379, not reproduced): a transaction's readdir of a directory showed no files
-                    # while another transaction had an uncommitted rmdir of it, it planned an rmdir without
-                    # unlinking, and the daemon answered ENOTEMPTY. Open: see the issue-4 note.
+                    # ENOENT inside a transaction for a path its snapshot holds, or an rmdir planned on
+                    # an empty listing answered ENOTEMPTY: what an uncommitted rmdir/rename reaching the
+                    # kernel's shared dentries did (fixed: crates/txfs/tests/uncommitted_dir_changes.rs);
+                    # counted in their own isolation row, and violations.
                     trying = e.get("trying") or [""]
                     if e["errno"] == errno.ENOENT or (e["errno"] == errno.ENOTEMPTY and trying[0] == "x"):
                         enoent += 1
+                        problems.append(f"{ctx}: a transaction read another's uncommitted directory change: {e}")
                     else:
                         st[1] += 1
                         problems.append(f"{ctx}: worker got an unexpected error: {e}")
@@ -707,11 +706,11 @@ def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
     ]
     for r in rows:
         r["seconds"] = round(secs / len(rows), 2)
-    known = H.row("ENOENT (or an empty listing) in a transaction for a directory its snapshot holds",
-                  "isolation", txs, enoent, 0, 0, cmd)
-    known["known_bug"] = ("open: an uncommitted rmdir/rename of a directory reaches the kernel's shared "
-                          "dentry/inode (crates/txfs/tests/regressions.rs, ignored)")
-    rows.append(known)
+    # Was a known bug (an uncommitted rmdir/rename reached the kernel's
+    # shared dentries: crates/txfs/tests/uncommitted_dir_changes.rs); now
+    # every such ENOENT is a violation.
+    rows.append(H.row("ENOENT (or an empty listing) in a transaction for a directory its snapshot holds",
+                      "isolation", txs, enoent, 0, 0, cmd))
     notes.append(f"daemon crash campaign: {trials} trials, {commits} transactions recovered committed, "
                  f"{acked_durable} acknowledged durable, {conflicts} conflicts, seed {args.seed}")
     notes.append("kill points reached: " + "; ".join(f"{k} ×{c}" for k, c in sorted(labels.items())))

@@ -527,6 +527,23 @@ impl ReplyCreate {
         ));
     }
 
+    /// Like [`ReplyCreate::created`], with the kernel node id `node` given
+    /// apart from `attr.ino` (see [`ReplyEntry::node_entry`]).
+    pub fn node_created(
+        self,
+        node: INodeNo,
+        ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: ll::FileHandle,
+        flags: FopenFlags,
+    ) {
+        assert!(!flags.contains(FopenFlags::FOPEN_PASSTHROUGH));
+        let mut r = ll::ResponseStruct::new_create(ttl, &attr.into(), generation, fh, flags, 0);
+        r.set_node(node);
+        self.reply.send_ll(&r);
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);

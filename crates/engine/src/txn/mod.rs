@@ -85,7 +85,7 @@ use state::{State, Tx, ORPHANS_OBJ};
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -395,6 +395,27 @@ impl Engine {
             st.expect_dir(t, dir)?;
             st.readdir(t, dir)
         })
+    }
+
+    /// The committed path of directory `dir` below the root, as everyone
+    /// outside a transaction reaches it (`None` if it is not a committed
+    /// directory). The mount uses it to give others' kernel dentries back
+    /// after a transaction's removal or move of a directory displaced them.
+    /// Walks up the parents, one committed listing per level.
+    pub fn committed_dir_path(&self, dir: ObjId) -> Option<PathBuf> {
+        self.run(None, |st, t| {
+            let mut parts = Vec::new();
+            let mut cur = dir;
+            while cur != ObjId::ROOT && parts.len() <= 4096 {
+                let parent = st.parent_of(t, cur).ok_or(Error::Stale(cur))?;
+                let name = st.readdir(t, parent)?.into_iter().find(|e| e.obj == cur).ok_or(Error::Stale(cur))?.name;
+                parts.push(name);
+                cur = parent;
+            }
+            Ok((cur == ObjId::ROOT).then(|| parts.iter().rev().collect::<PathBuf>()))
+        })
+        .ok()
+        .flatten()
     }
 
     pub fn getxattr(&self, tx: Option<TxId>, o: ObjId, name: &OsStr) -> Result<Option<Vec<u8>>> {

@@ -120,6 +120,12 @@ struct SharedMount {
     point: PathBuf,
     /// This mount's device (`way_in`), read at the first run.
     dev: std::sync::OnceLock<u64>,
+    /// Removals and moves of directories let through once: see
+    /// [`TxFs::dir_change_may_proceed`].
+    passes: Mutex<HashMap<(TxId, ObjId, std::ffi::OsString), std::time::Instant>>,
+    /// Paths below the mount point to look up as nobody's transaction
+    /// (see [`healer`]).
+    healer: Mutex<std::sync::mpsc::Sender<Vec<PathBuf>>>,
 }
 
 /// One FUSE session's file system: the shared mount, or a `txfs run`
@@ -167,8 +173,14 @@ fn end_tx(
     views: Option<&Mutex<HashMap<TxId, ViewLink>>>,
     tx: TxId,
     commit: Option<Durability>,
-) -> (Result<(), Error>, Vec<INodeNo>) {
-    let own: Vec<INodeNo> = private.and_then(|p| p.lock().of_tx.remove(&tx)).unwrap_or_default();
+) -> (Result<(), Error>, Vec<INodeNo>, Vec<PathBuf>) {
+    let (own, moved) = match private {
+        Some(p) => {
+            let mut p = p.lock();
+            (p.of_tx.remove(&tx).unwrap_or_default(), p.moved.remove(&tx).unwrap_or_default())
+        }
+        None => Default::default(),
+    };
     let (r, changed) = match commit {
         Some(d) => {
             gate.pin(tx, notifier);
@@ -187,7 +199,18 @@ fn end_tx(
     if let Some(v) = views.and_then(|v| v.lock().remove(&tx)) {
         v.end();
     }
-    let Some(private) = private else { return (r, changed.into_iter().map(shared_id).collect()) };
+    // Directories the transaction removed or moved: their old paths and,
+    // now committed, their new ones (see `TxFs::heal`).
+    let heal = match &r {
+        Ok(()) if commit.is_some() => {
+            let new = moved.iter().filter_map(|(o, _)| engine.committed_dir_path(*o));
+            let mut all: Vec<PathBuf> = moved.iter().map(|(_, p)| p.clone()).chain(new).collect();
+            all.dedup();
+            all
+        }
+        _ => Vec::new(),
+    };
+    let Some(private) = private else { return (r, changed.into_iter().map(shared_id).collect(), heal) };
     let mut pages = all_ids(private, changed);
     pages.extend(own.iter().copied());
     // Private ids the kernel does not hold (any more) go now; the others
@@ -199,7 +222,7 @@ fn end_tx(
         }
     }
     drop(p);
-    (r, pages)
+    (r, pages, heal)
 }
 
 fn invalidator(notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, jobs: std::sync::mpsc::Receiver<Deferred>) {
@@ -211,6 +234,22 @@ fn invalidator(notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, jobs: std::s
             }
         }
         reply();
+    }
+}
+
+/// Looks up each path below the mount point `at` from this thread, which is
+/// in no transaction: a transaction's removal or move of a directory
+/// displaced the kernel's shared dentry of it (unhashed, so the working
+/// directories of others who hold it answer `getcwd` with ENOENT), and a
+/// lookup answered with the shared node id hashes that dentry again (the
+/// kernel keeps one dentry per directory inode and reuses it). Run after
+/// the change was answered: the change's caller holds the parent's lock
+/// until then.
+fn healer(at: PathBuf, jobs: std::sync::mpsc::Receiver<Vec<PathBuf>>) {
+    for paths in jobs {
+        for p in paths {
+            let _ = std::fs::symlink_metadata(at.join(&p));
+        }
     }
 }
 
@@ -309,12 +348,18 @@ impl TxFs {
                 t.nap(Duration::from_millis(250));
                 for dead in t.reap() {
                     tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
-                    let (_, pages) = end_tx(&e, Some(&p), &g, None, Some(&vs), dead, None);
+                    let (_, pages, _) = end_tx(&e, Some(&p), &g, None, Some(&vs), dead, None);
                     t.forget(dead);
                     let _ = inval.send((pg.keep(pages), Box::new(|| {})));
                 }
             })
             .expect("spawning the reaper thread");
+        let (heal_tx, heal_rx) = std::sync::mpsc::channel();
+        let at = point.clone();
+        std::thread::Builder::new()
+            .name("txfs-healer".into())
+            .spawn(move || healer(at, heal_rx))
+            .expect("spawning the healer thread");
         TxFs {
             engine,
             txs,
@@ -331,6 +376,8 @@ impl TxFs {
                 paged,
                 point,
                 dev: std::sync::OnceLock::new(),
+                passes: Mutex::default(),
+                healer: Mutex::new(heal_tx),
             }),
             attr_requests: AtomicU64::new(0),
             config,
@@ -363,9 +410,10 @@ impl TxFs {
     fn end_tx(&self, tx: TxId, commit: Option<Durability>) -> (Result<(), Error>, Vec<INodeNo>) {
         let s = self.shared_mount();
         let (private, views) = (s.map(|s| &*s.private), s.map(|s| &*s.views));
-        let r = end_tx(&self.engine, private, self.shared_gate(), self.notifier(), views, tx, commit);
+        let (r, pages, heal) = end_tx(&self.engine, private, self.shared_gate(), self.notifier(), views, tx, commit);
         self.txs.forget(tx);
-        r
+        self.heal(heal);
+        (r, pages)
     }
 
     /// The shared mount's gate, also in a view: the gate a transaction

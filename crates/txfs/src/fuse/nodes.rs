@@ -24,6 +24,9 @@ use fuser::{FileAttr, INodeNo, Request};
 use parking_lot::Mutex;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 use txfs_engine::{Attr, FileKind, ObjId, TxId};
 
 /// The node ids of the shared mount that may have pages in the kernel's
@@ -70,6 +73,9 @@ pub(super) fn is_private(ino: INodeNo) -> bool {
     ino.0 >= PRIVATE_BASE
 }
 
+/// How long a pass of [`TxFs::dir_change_may_proceed`] waits for its retry.
+const PASS_LIFE: Duration = Duration::from_secs(2);
+
 /// Node ids from here up are transaction-private (see [`Private`]).
 pub(super) const PRIVATE_BASE: u64 = 1 << 62;
 
@@ -88,6 +94,10 @@ pub(super) struct Private {
     /// transaction the daemon ever served.
     pub(super) nlookup: HashMap<INodeNo, u64>,
     pub(super) next: u64,
+    /// Directories each transaction removed or moved through a shared
+    /// parent, with the committed path they had: looked up again once it
+    /// commits, so that others' dentries (and `getcwd`) follow the change.
+    pub(super) moved: HashMap<TxId, Vec<(ObjId, PathBuf)>>,
 }
 
 impl Private {
@@ -118,6 +128,14 @@ impl Private {
                 v.retain(|x| *x != k);
                 if v.is_empty() {
                     self.of_obj.remove(&o);
+                }
+            }
+            // Ids made for a transaction after its end (below its private
+            // directories) are listed under it too.
+            if let Some(v) = self.of_tx.get_mut(&t) {
+                v.retain(|x| *x != k);
+                if v.is_empty() {
+                    self.of_tx.remove(&t);
                 }
             }
         }
@@ -162,30 +180,110 @@ impl TxFs {
         }
     }
 
-    /// The node id `tx` should know `o` by: a transaction knows every
-    /// existing regular file it looks up by a private id, so the pages its
-    /// mappings fault in (its view) stay in a page cache only it reaches.
-    /// Files it created are reachable by nobody else anyway.
-    pub(super) fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind) -> INodeNo {
+    /// The node id `tx` should know `o`, found or made in the directory
+    /// whose node id is `parent`, by. A transaction knows every existing
+    /// regular file it looks up by a private id, so the pages its mappings
+    /// fault in (its view) stay in a page cache only it reaches; files it
+    /// created are reachable by nobody else anyway. Directories are shared
+    /// unless the transaction removes or moves them
+    /// ([`TxFs::dir_change_may_proceed`]), and everything below a private
+    /// directory is private.
+    pub(super) fn node_id(&self, tx: Option<TxId>, o: ObjId, kind: FileKind, parent: INodeNo) -> INodeNo {
         // A view's node ids are all its transaction's: no private ones.
-        let (Some(t), Some(s)) = (tx, self.shared_mount()) else { return shared_id(o) };
-        // Not directories: a lookup answered with another node id than the
-        // kernel's dentry has makes it d_invalidate that dentry, which
-        // unhashes other processes' working directories (getcwd: ENOENT)
-        // and detaches mounts below it. An uncommitted rmdir therefore
-        // kills the shared inode (README "Known limits").
-        if kind != FileKind::File {
-            return shared_id(o);
+        let Some(s) = self.shared_mount() else { return shared_id(o) };
+        if is_private(parent) {
+            // A shared id below a private directory would make the kernel
+            // move the shared dentry of a directory (it keeps one per
+            // directory inode: d_splice_alias) under this transaction's
+            // private tree, where others' working directories would follow
+            // it. Whose: the caller's transaction, else the parent's.
+            let mut p = s.private.lock();
+            return match tx.or_else(|| p.owner.get(&parent).map(|(t, _)| *t)) {
+                Some(t) => p.id_for(t, o),
+                None => shared_id(o),
+            };
         }
+        let Some(t) = tx else { return shared_id(o) };
         if let Some(k) = s.private.lock().by_pair.get(&(t, o)) {
             return *k;
         }
-        if self.engine.created_by(t, o) {
+        // Not other directories: a lookup answered with another node id
+        // than the kernel's dentry has makes it d_invalidate that dentry,
+        // which unhashes other processes' working directories (getcwd:
+        // ENOENT) and detaches mounts below it.
+        if kind != FileKind::File || self.engine.created_by(t, o) {
             return shared_id(o);
         }
         // Looked up again under the lock that inserts: another thread of
         // `t` may have made the id since the look above.
         s.private.lock().id_for(t, o)
+    }
+
+    /// Whether `tx`'s removal of, or move from or onto, the names `names`
+    /// (parent node, name; the first names the request) may be applied now:
+    /// the paths to look up again once it is answered (see [`TxFs::heal`]),
+    /// or `None`: answer ESTALE.
+    ///
+    /// The kernel applies a successful rmdir or rename to the inode and
+    /// dentry the caller's walk found, for everyone: a removed directory's
+    /// inode is marked dead (listings of it fail, lookups in it answer
+    /// ENOENT, through every descriptor and working directory), a moved
+    /// one's dentry moves (others' `getcwd` shows the new name). A
+    /// transaction must therefore remove and move only private inodes. A
+    /// directory it did not create, met through a shared parent, has a
+    /// shared dentry: the first such request makes the directory's private
+    /// id and answers ESTALE, and the kernel repeats the walk once with
+    /// LOOKUP_REVAL, which asks the daemon again, meets the private id,
+    /// drops the shared dentry from the hash (not from those who hold it)
+    /// and sends the request again, which passes. A pass lives 2 s: a retry
+    /// cut short by a signal must not let a later request through on a
+    /// shared dentry.
+    pub(super) fn dir_change_may_proceed(&self, tx: Option<TxId>, names: &[(INodeNo, &OsStr)]) -> Option<Vec<PathBuf>> {
+        let (Some(t), Some(s)) = (tx, self.shared_mount()) else { return Some(Vec::new()) };
+        let mut victims = Vec::new();
+        for (parent, name) in names {
+            if is_private(*parent) {
+                continue; // its children's dentries are private too
+            }
+            let Ok(a) = self.engine.lookup(Some(t), self.obj(*parent), name) else { continue };
+            if a.kind == FileKind::Dir && !self.engine.created_by(t, a.obj) {
+                victims.push((*parent, *name, a.obj));
+            }
+        }
+        let Some((parent, name)) = names.first().filter(|_| !victims.is_empty()) else { return Some(Vec::new()) };
+        let key = (t, self.obj(*parent), name.to_os_string());
+        let now = Instant::now();
+        let mut passes = s.passes.lock();
+        if passes.remove(&key).is_some_and(|at| now.duration_since(at) < PASS_LIFE) {
+            drop(passes);
+            let paths: Vec<(ObjId, PathBuf)> = victims
+                .iter()
+                .filter_map(|(p, n, o)| Some((*o, self.engine.committed_dir_path(self.obj(*p))?.join(n))))
+                .collect();
+            s.private.lock().moved.entry(t).or_default().extend(paths.iter().cloned());
+            return Some(paths.into_iter().map(|(_, p)| p).collect());
+        }
+        passes.retain(|_, at| now.duration_since(*at) < PASS_LIFE);
+        passes.insert(key, now);
+        drop(passes);
+        let mut p = s.private.lock();
+        for (_, _, o) in &victims {
+            p.id_for(t, *o);
+        }
+        tracing::debug!(%t, ?name, "directory change through a shared dentry: made private, ESTALE for the retry");
+        None
+    }
+
+    /// Looks `paths` up again as nobody's transaction once the change that
+    /// displaced their shared dentries is answered ([`healer`]). A
+    /// directory the change replaced, or moved in an exchange, is looked up
+    /// too: the transaction's moved dentry is there now, and others'
+    /// working directories come first (the transaction's next walk there
+    /// takes the name back).
+    pub(super) fn heal(&self, paths: Vec<PathBuf>) {
+        if let (false, Some(s)) = (paths.is_empty(), self.shared_mount()) {
+            let _ = s.healer.lock().send(paths);
+        }
     }
 
     /// The node id `tx` knows `a`'s object by, and the attributes for an
@@ -194,8 +292,8 @@ impl TxFs {
     /// id: the kernel takes `st_ino` from them, so a file has one inode
     /// number inside a transaction and out (SQLite refuses to write a
     /// database whose `st_ino` changed under an open connection).
-    pub(super) fn entry_attr(&self, tx: Option<TxId>, a: &Attr) -> (INodeNo, FileAttr) {
-        let node = self.node_id(tx, a.obj, a.kind);
+    pub(super) fn entry_attr(&self, tx: Option<TxId>, a: &Attr, parent: INodeNo) -> (INodeNo, FileAttr) {
+        let node = self.node_id(tx, a.obj, a.kind, parent);
         if let Some(s) = self.shared_mount().filter(|_| is_private(node)) {
             *s.private.lock().nlookup.entry(node).or_default() += 1;
         }

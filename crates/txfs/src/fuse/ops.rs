@@ -78,7 +78,7 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         match self.engine.lookup(tx, self.obj(parent), name) {
             Ok(a) => {
-                let (node, fa) = self.entry_attr(tx, &a);
+                let (node, fa) = self.entry_attr(tx, &a, parent);
                 self.gate.reply(tx, node, ticket, |ttl| reply.node_entry(node, ttl, &fa, Generation(0)))
             }
             Err(e) => reply.error(errno(&e)),
@@ -203,7 +203,7 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         match self.engine.create(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
             Ok(a) => {
-                let (node, fa) = self.entry_attr(tx, &a);
+                let (node, fa) = self.entry_attr(tx, &a, parent);
                 self.view_saw(tx, None);
                 self.gate.reply(tx, node, ticket, |ttl| reply.node_entry(node, ttl, &fa, Generation(0)))
             }
@@ -217,7 +217,7 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         match self.engine.mkdir(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
             Ok(a) => {
-                let (node, fa) = self.entry_attr(tx, &a);
+                let (node, fa) = self.entry_attr(tx, &a, parent);
                 self.view_saw(tx, None);
                 self.gate.reply(tx, node, ticket, |ttl| reply.node_entry(node, ttl, &fa, Generation(0)))
             }
@@ -238,10 +238,14 @@ impl Filesystem for TxFs {
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let tx = self.tx(req);
+        let Some(heal) = self.dir_change_may_proceed(tx, &[(parent, name)]) else {
+            return reply.error(Errno::ESTALE);
+        };
         match self.engine.rmdir(tx, self.obj(parent), name) {
             Ok(()) => {
                 self.view_saw(tx, None);
-                reply.ok()
+                reply.ok();
+                self.heal(heal)
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -253,7 +257,7 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         match self.engine.symlink(tx, self.obj(parent), link_name, target.as_os_str(), req.uid(), req.gid()) {
             Ok(a) => {
-                let (node, fa) = self.entry_attr(tx, &a);
+                let (node, fa) = self.entry_attr(tx, &a, parent);
                 self.view_saw(tx, None);
                 self.gate.reply(tx, node, ticket, |ttl| reply.node_entry(node, ttl, &fa, Generation(0)))
             }
@@ -279,10 +283,15 @@ impl Filesystem for TxFs {
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
         };
         let tx = self.tx(req);
+        let names = [(parent, name), (newparent, newname)];
+        let Some(heal) = self.dir_change_may_proceed(tx, &names) else {
+            return reply.error(Errno::ESTALE);
+        };
         match self.engine.rename(tx, self.obj(parent), name, self.obj(newparent), newname, f) {
             Ok(()) => {
                 self.view_saw(tx, None);
-                reply.ok()
+                reply.ok();
+                self.heal(heal)
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -294,7 +303,7 @@ impl Filesystem for TxFs {
         let tx = self.tx(req);
         match self.engine.link(tx, self.obj(ino), self.obj(newparent), newname) {
             Ok(a) => {
-                let (node, fa) = self.entry_attr(tx, &a);
+                let (node, fa) = self.entry_attr(tx, &a, newparent);
                 self.view_saw(tx, None);
                 self.gate.reply(tx, node, ticket, |ttl| reply.node_entry(node, ttl, &fa, Generation(0)))
             }
@@ -526,7 +535,7 @@ impl Filesystem for TxFs {
                 _ => match list.get(i - 2) {
                     Some(e) => match self.engine.getattr(tx, e.obj) {
                         Ok(a) => {
-                            let (node, fa) = self.entry_attr(tx, &a);
+                            let (node, fa) = self.entry_attr(tx, &a, ino);
                             self.gate.reply(tx, node, ticket, |ttl| {
                                 reply.add(node, i as u64 + 1, &e.name, ttl, &fa, Generation(0))
                             })
@@ -663,8 +672,8 @@ impl Filesystem for TxFs {
         match self.open_handle(attr.obj, tx, flags) {
             Ok((fh, fopen)) => {
                 self.view_saw(tx, None);
-                let fa = fattr(&attr);
-                self.gate.reply(tx, fa.ino, ticket, |ttl| reply.created(ttl, &fa, Generation(0), fh, fopen))
+                let (node, fa) = self.entry_attr(tx, &attr, parent);
+                self.gate.reply(tx, node, ticket, |ttl| reply.node_created(node, ttl, &fa, Generation(0), fh, fopen))
             }
             Err(e) => reply.error(errno(&e)),
         }

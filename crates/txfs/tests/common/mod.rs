@@ -680,6 +680,15 @@ impl Agent {
         }
     }
 
+    /// Sends `code` (which should end the agent, e.g. `os._exit(n)`) and
+    /// waits up to `timeout` for the agent's process — or the command that
+    /// runs it, such as `txfs run` — to exit.
+    pub fn finish(&mut self, code: &str, timeout: Duration) -> Option<ExitStatus> {
+        let line = serde_json::to_string(code).unwrap();
+        let _ = writeln!(self.stdin, "{line}");
+        wait_timeout(&mut self.child, timeout)
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -229,6 +229,13 @@ impl ResponseStruct<abi::fuse_create_out> {
     }
 }
 
+impl ResponseStruct<abi::fuse_create_out> {
+    /// The entry's kernel node id, apart from its attributes' `ino`.
+    pub(crate) fn set_node(&mut self, node: INodeNo) {
+        self.0.0.nodeid = node.into();
+    }
+}
+
 impl ResponseStruct<abi::fuse_poll_out> {
     pub(crate) fn new_poll(revents: PollEvents) -> Self {
         ResponseStruct(abi::fuse_poll_out {
