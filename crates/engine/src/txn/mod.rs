@@ -222,6 +222,26 @@ impl Engine {
         self.lock().txs.get(&tx).is_some_and(|t| t.delta.created.contains_key(&o))
     }
 
+    /// The live transaction that created `o`, if one did (nobody else can
+    /// reach it until that one commits).
+    pub fn creator_of(&self, o: ObjId) -> Option<TxId> {
+        self.lock().txs.iter().find(|(_, t)| t.delta.created.contains_key(&o)).map(|(id, _)| *id)
+    }
+
+    /// The objects the live transaction `tx` created.
+    pub fn created_in(&self, tx: TxId) -> Vec<ObjId> {
+        self.lock().txs.get(&tx).map(|t| t.delta.created.keys().copied().collect()).unwrap_or_default()
+    }
+
+    /// Dooms `tx` (it can only abort; its commit fails with a conflict):
+    /// for what the caller could not apply to it, such as the write-back of
+    /// a mapping the kernel had already taken from the program.
+    pub fn doom(&self, tx: TxId, why: String) {
+        if let Some(t) = self.lock().txs.get_mut(&tx) {
+            t.doomed.get_or_insert(why);
+        }
+    }
+
     /// True if `tx` lost a conflict: it can only abort.
     pub fn is_doomed(&self, tx: TxId) -> bool {
         self.lock().txs.get(&tx).is_some_and(|t| t.doomed.is_some())

@@ -106,7 +106,8 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     // reply do not wake another CPU (on the machines measured, a round trip
     // takes half as long as over /dev/fuse).
     config.uring_threads = Some(knobs.mount_uring_threads());
-    let session = fuser::Session::new(txfs, &point, &config).map_err(|e| format!("mount {}: {e}", point.display()))?;
+    let session = fuser::Session::new(fuse::Fs(Arc::new(txfs)), &point, &config)
+        .map_err(|e| format!("mount {}: {e}", point.display()))?;
     let _ = notifier_slot.set(session.notifier());
     // Kernel caching while no transaction is live needs FUSE_NOTIFY_INC_EPOCH.
     let caching = gate.enable(session.notifier());

@@ -7,15 +7,42 @@
 //! the node ids whose cached pages must go before the caller hears of it
 //! (a commit's changes).
 
-use super::{caller, errno, TxFs};
+use super::{errno, TxFs};
 use crate::attribution::procfs;
 use crate::attribution::txmap::{Caller, Claim};
 use crate::wire;
-use fuser::{Errno, INodeNo, Request};
+use fuser::{Errno, INodeNo};
 use std::sync::atomic::Ordering;
 use txfs_engine::{Durability, Error, FileKind, TxId};
 
 impl TxFs {
+    /// The node ids whose dirty pages the kernel must write back into
+    /// `cmd`'s transaction before it commits (`COMMIT`, `COMMIT_IF`,
+    /// `RUN_COMMIT`): its nodes that may have pages — private ones, and
+    /// shared ones of files it created. A shared writable mapping's writes
+    /// stay in the kernel's page cache until it writes them back; dropping
+    /// those pages (`inval_inode`) has it write the dirty ones first, as
+    /// write-backs the daemon applies to the transaction that owns the node
+    /// (`write`). None: nothing to flush, commit at once.
+    pub(super) fn flush_before(&self, me: Caller, cmd: u32, data: &[u8]) -> Option<Vec<INodeNo>> {
+        let s = self.shared_mount()?;
+        let tx = match cmd {
+            wire::COMMIT | wire::COMMIT_IF => self.txs.thread(me.tid)?.0,
+            wire::RUN if data.len() >= wire::Run::SIZE => match wire::Run::decode(data) {
+                r if r.op == wire::RUN_COMMIT => self.txs.tree(r.pid)?.0,
+                _ => return None,
+            },
+            _ => return None,
+        };
+        if s.paged.0.lock().is_empty() {
+            return None;
+        }
+        let mut nodes: Vec<INodeNo> = s.private.lock().of_tx.get(&tx).cloned().unwrap_or_default();
+        nodes.extend(self.engine.created_in(tx).into_iter().map(super::shared_id));
+        let nodes = s.paged.keep(nodes);
+        (!nodes.is_empty()).then_some(nodes)
+    }
+
     /// STATE's answer for the caller.
     fn state(&self, c: Caller) -> wire::State {
         let (tx, depth) = self.state_of(c);
@@ -30,7 +57,7 @@ impl TxFs {
     /// view the kernel opens files without a handle (0): there only the
     /// mode is checked. Directories are not read by `BEGIN_FILE`: any
     /// descriptor of one will do.
-    fn may_read(&self, req: &Request, ino: INodeNo, fh: fuser::FileHandle) -> Result<(), Errno> {
+    fn may_read(&self, c: Caller, ino: INodeNo, fh: fuser::FileHandle) -> Result<(), Errno> {
         let readable = self.handles.lock().get(&fh).map(|h| h.readable);
         match readable {
             Some(true) => {}
@@ -39,18 +66,18 @@ impl TxFs {
             None if self.view().is_some() && fh.0 == 0 => {}
             None => return Err(Errno::EBADF),
         }
-        let a = self.engine.getattr(self.tx(req), self.obj(ino)).map_err(|e| errno(&e))?;
-        if a.kind == FileKind::Dir || req.uid() == 0 {
+        let a = self.engine.getattr(self.tx_of(c), self.obj(ino)).map_err(|e| errno(&e))?;
+        if a.kind == FileKind::Dir || c.uid == 0 {
             return Ok(());
         }
         let (group, other) = (a.mode & 0o040 != 0, a.mode & 0o004 != 0);
-        let ok = if a.uid == req.uid() {
+        let ok = if a.uid == c.uid {
             a.mode & 0o400 != 0
-        } else if a.gid == req.gid() {
+        } else if a.gid == c.gid {
             group
         } else if group == other {
             other
-        } else if procfs::in_group(req.pid(), a.gid) {
+        } else if procfs::in_group(c.tid, a.gid) {
             group
         } else {
             other
@@ -66,14 +93,13 @@ impl TxFs {
     /// pages must go before the reply.
     pub(super) fn ioctl_cmd(
         &self,
-        req: &Request,
+        me: Caller,
         ino: INodeNo,
         fh: fuser::FileHandle,
         cmd: u32,
         data: &[u8],
     ) -> Result<(Vec<u8>, Vec<INodeNo>), Errno> {
-        let tid = req.pid();
-        let me = caller(req);
+        let tid = me.tid;
         // The caller's thread id in a transaction begun with other
         // credentials (a setuid program its owner executed): not the
         // caller's to begin into, commit or abort. A dead thread's entry
@@ -82,7 +108,7 @@ impl TxFs {
         let eperm = || Errno::from_i32(libc::EPERM);
         let e = |r: Result<(), Error>| r.map_err(|e| errno(&e));
         // A process of a `txfs run` whose view left the gate open: shut it.
-        let _ = self.tx(req);
+        let _ = self.tx_of(me);
         match cmd {
             wire::BEGIN | wire::BEGIN_STATE | wire::BEGIN_FILE => {
                 if foreign {
@@ -91,7 +117,7 @@ impl TxFs {
                 if cmd == wire::BEGIN_FILE {
                     // It answers bytes of the file: only on a descriptor
                     // open for reading, to a caller allowed to read it.
-                    self.may_read(req, ino, fh)?;
+                    self.may_read(me, ino, fh)?;
                 }
                 // BEGIN_STATE only, before the begin: how the caller's
                 // transaction of its own that it asks about (0: its last)
@@ -135,7 +161,7 @@ impl TxFs {
                 // read set, exactly as the GETATTR and READ they replace
                 // would be.
                 let mut bf = wire::BeginFile { bs, ..wire::BeginFile::default() };
-                let tx = self.tx(req);
+                let tx = self.tx_of(me);
                 let o = self.obj(ino);
                 if let Ok(a) = self.engine.getattr(tx, o) {
                     if a.kind == FileKind::File && a.size >= 40 {
@@ -216,7 +242,7 @@ impl TxFs {
                         // A non-root caller makes only a child of its own
                         // credentials a transaction: one that runs with
                         // others (a setuid program) stays outside.
-                        if req.uid() != 0 && !procfs::has_only_creds(pid, req.uid(), req.gid()) {
+                        if me.uid != 0 && !procfs::has_only_creds(pid, me.uid, me.gid) {
                             return Err(eperm());
                         }
                         let Some(starts) = procfs::tree_starts(pid, caller) else {
@@ -228,7 +254,7 @@ impl TxFs {
                         // checking permissions (the kernel does, by the mount's
                         // default_permissions, which only root's mount guarantees).
                         let views_allowed = self.config.views;
-                        let with_view = flags & wire::RUN_VIEW != 0 && req.uid() == 0 && views_allowed;
+                        let with_view = flags & wire::RUN_VIEW != 0 && me.uid == 0 && views_allowed;
                         // A tree that reaches this mount only through its view
                         // (or by requests, which pin the gate) leaves it open.
                         let escape = if with_view { self.way_in(pid) } else { Some("no view".into()) };

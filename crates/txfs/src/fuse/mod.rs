@@ -128,6 +128,18 @@ struct SharedMount {
     healer: Mutex<std::sync::mpsc::Sender<Vec<PathBuf>>>,
 }
 
+/// What fuser serves: a [`TxFs`] shared with the replies sent later from
+/// other threads (a commit that first has the kernel write back the
+/// transaction's mapped pages, see [`TxFs::flush_then`]).
+pub struct Fs(pub Arc<TxFs>);
+
+impl std::ops::Deref for Fs {
+    type Target = TxFs;
+    fn deref(&self) -> &TxFs {
+        &self.0
+    }
+}
+
 /// One FUSE session's file system: the shared mount, or a `txfs run`
 /// transaction view of it ([`Role`]). Both serve the same engine.
 pub struct TxFs {
@@ -177,7 +189,13 @@ fn end_tx(
     let (own, moved) = match private {
         Some(p) => {
             let mut p = p.lock();
-            (p.of_tx.remove(&tx).unwrap_or_default(), p.moved.remove(&tx).unwrap_or_default())
+            let own = p.of_tx.remove(&tx).unwrap_or_default();
+            if commit.is_none() {
+                // Before the abort: a write-back racing it must not land as
+                // a plain write once the owner is gone.
+                p.discard.extend(own.iter().copied());
+            }
+            (own, p.moved.remove(&tx).unwrap_or_default())
         }
         None => Default::default(),
     };
@@ -216,6 +234,9 @@ fn end_tx(
     // Private ids the kernel does not hold (any more) go now; the others
     // when it forgets them (`forget`).
     let mut p = private.lock();
+    if r.is_err() {
+        p.discard.extend(own.iter().copied());
+    }
     for k in own {
         if !p.nlookup.contains_key(&k) {
             p.remove(k);
@@ -453,10 +474,15 @@ impl TxFs {
     }
 
     fn tx(&self, req: &Request) -> Option<TxId> {
+        self.tx_of(caller(req))
+    }
+
+    /// [`TxFs::tx`] of a caller.
+    fn tx_of(&self, c: Caller) -> Option<TxId> {
         if self.view().is_some() {
             return self.view();
         }
-        let tx = self.txs.of(caller(req));
+        let tx = self.txs.of(c);
         if let Some(t) = tx {
             // A `txfs run` whose view left the gate open came in here.
             self.gate.pin(t, self.notifier());

@@ -98,6 +98,9 @@ pub(super) struct Private {
     /// parent, with the committed path they had: looked up again once it
     /// commits, so that others' dentries (and `getcwd`) follow the change.
     pub(super) moved: HashMap<TxId, Vec<(ObjId, PathBuf)>>,
+    /// Private ids of transactions that aborted: what their mappings still
+    /// write back is dropped (`write`).
+    pub(super) discard: std::collections::HashSet<INodeNo>,
 }
 
 impl Private {
@@ -140,6 +143,7 @@ impl Private {
             }
         }
         self.nlookup.remove(&k);
+        self.discard.remove(&k);
         tracing::trace!(node = k.0, "private node id dropped");
     }
 }

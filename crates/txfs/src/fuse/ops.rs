@@ -6,7 +6,7 @@
 //! may cache, and after the invalidation thread for anything that changed
 //! pages it may hold.
 
-use super::{errno, fattr, is_private, kind, stamp, TxFs, TTL};
+use super::{errno, fattr, is_private, kind, stamp, Fs, TxFs, TTL};
 use crate::wire;
 use fuser::{
     Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig, LockOwner,
@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 use txfs_engine::{FileKind, ObjId, SetAttr, TxId};
 
-impl Filesystem for TxFs {
+impl Filesystem for Fs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(wire::BATCH_MAX);
         // mmap of direct-I/O files (module docs); kernels before 6.6 refuse
@@ -384,14 +384,25 @@ impl Filesystem for TxFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        // Write-back of a shared writable mapping: applied as a plain write
-        // (module docs), never into whichever transaction happens to be near.
+        // Write-back of a shared writable mapping: the kernel sends it
+        // without the writer's identity, from whichever handle it picks. A
+        // private node's pages are its transaction's (also once dropped for
+        // an abort: then they are dropped here too); a shared node's pages
+        // of a file a live transaction created are that transaction's
+        // (nobody else reaches it); any other is a plain write (module docs).
         // In a transaction view even a write-back is the transaction's.
-        let tx = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && self.view().is_none() {
+        let write_back = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && self.view().is_none();
+        let tx = if write_back {
             if let Some(s) = self.shared_mount() {
                 s.paged.add(ino);
+                if s.private.lock().discard.contains(&ino) {
+                    return reply.written(data.len() as u32);
+                }
             }
-            None
+            match self.private_owner(ino) {
+                Some(owner) => owner,
+                None => self.engine.creator_of(self.obj(ino)),
+            }
         } else {
             self.tx_fh(req, fh)
         };
@@ -444,7 +455,16 @@ impl Filesystem for TxFs {
                 self.view_saw(tx, Some(o));
                 self.after(inval, move || reply.written(n as u32))
             }
-            Err(e) => reply.error(errno(&e)),
+            // The pages of a file an aborted transaction created.
+            Err(txfs_engine::Error::Stale(_)) if write_back && tx.is_none() => reply.written(data.len() as u32),
+            Err(e) => {
+                // The program wrote these bytes long ago: a transaction that
+                // cannot take them must not commit without them.
+                if let Some(t) = tx.filter(|_| write_back) {
+                    self.engine.doom(t, format!("write-back of a mapping of {o} failed: {e}"));
+                }
+                reply.error(errno(&e))
+            }
         }
     }
 
@@ -706,7 +726,18 @@ impl Filesystem for TxFs {
                 None => reply.error(Errno::EINVAL),
             };
         }
-        match self.ioctl_cmd(req, _ino, _fh, cmd, in_data) {
+        let me = super::caller(req);
+        if let Some(nodes) = self.flush_before(me, cmd, in_data) {
+            // The commit runs on the invalidation thread once the pages are
+            // written back (a request thread would wait for write-backs that
+            // need request threads).
+            let (fs, data) = (self.0.clone(), in_data.to_vec());
+            return self.after(nodes, move || match fs.ioctl_cmd(me, _ino, _fh, cmd, &data) {
+                Ok((out, inval)) => fs.after(inval, move || reply.ioctl(0, &out)),
+                Err(e) => reply.error(e),
+            });
+        }
+        match self.ioctl_cmd(me, _ino, _fh, cmd, in_data) {
             Ok((out, inval)) => self.after(inval, move || reply.ioctl(0, &out)),
             Err(e) => reply.error(e),
         }

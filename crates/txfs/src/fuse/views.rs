@@ -121,7 +121,7 @@ impl TxFs {
         config.uring_threads = Some(self.config.view_uring_threads());
         let view = self.new_view(tx);
         let gate = view.gate.clone();
-        let session = fuser::Session::from_fd(view, dev, fuser::SessionACL::All, config)?;
+        let session = fuser::Session::from_fd(super::Fs(Arc::new(view)), dev, fuser::SessionACL::All, config)?;
         let uring = session.io_uring();
         shared.views.lock().insert(tx, ViewLink { notifier: session.notifier(), gate });
         std::thread::Builder::new().name(format!("txfs-view-{}", tx.0)).spawn(move || {
