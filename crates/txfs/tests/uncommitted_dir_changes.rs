@@ -79,26 +79,30 @@ fn outsiders(m: &Mount) -> (Agent, Agent, Agent) {
     (holder, dweller, walker)
 }
 
+/// `getcwd` of `a` is `want`. The one window left (docs/LIMITS.md §8):
+/// while a transaction's rmdir or rename call runs, and until the daemon
+/// has had the old path looked up again just after it, the kernel's shared
+/// dentry is out of its hash, so `getcwd` of a process in it answers
+/// ENOENT. Never a wrong name.
+fn assert_cwd(a: &mut Agent, want: &str, when: &str) {
+    let mut last = a.run("out = os.getcwd()");
+    if last != Ok(serde_json::json!(want)) {
+        assert_eq!(last, Err(libc::ENOENT), "{when}: getcwd");
+        wait_until(Duration::from_secs(10), || {
+            last = a.run("out = os.getcwd()");
+            last != Err(libc::ENOENT)
+        });
+    }
+    assert_eq!(last, Ok(serde_json::json!(want)), "{when}: getcwd");
+}
+
 /// What the three see of d: it must be the committed tree, whole.
 fn assert_they_see_d(m: &Mount, o: &mut (Agent, Agent, Agent), when: &str) {
     let (holder, dweller, walker) = o;
     let listed = holder.ok("out = sorted(os.listdir(held))");
     assert_eq!(listed, serde_json::json!(["g", "x"]), "{when}: listing through a held descriptor");
     let x = m.path("d/x").display().to_string();
-    // The one window left (docs/LIMITS.md): while the transaction's rmdir or
-    // rename call runs, and until the daemon has looked the old path up
-    // again just after it, the kernel's shared dentry is out of its hash, so
-    // `getcwd` of a process in it answers ENOENT. Never the wrong name.
-    let mut cwd = || dweller.run("out = os.getcwd()");
-    let mut last = cwd();
-    if last != Ok(serde_json::json!(x)) {
-        assert_eq!(last, Err(libc::ENOENT), "{when}: getcwd of a process in d/x");
-        wait_until(Duration::from_secs(10), || {
-            last = cwd();
-            last != Err(libc::ENOENT)
-        });
-    }
-    assert_eq!(last, Ok(serde_json::json!(x)), "{when}: getcwd of a process in d/x");
+    assert_cwd(dweller, &x, when);
     assert_eq!(dweller.ok("out = sorted(os.listdir('.'))"), serde_json::json!(["y"]), "{when}: listing the cwd");
     assert_eq!(dweller.ok("out = open('y/f').read()"), "hello", "{when}: a path below the cwd");
     assert_eq!(walker.ok("out = open(M + '/d/x/y/f').read()"), "hello", "{when}: a path walk");
@@ -222,11 +226,12 @@ fn a_directory_replaced_or_exchanged_stays_whole_for_others() {
         assert_eq!(x, 0, "{side:?}: RENAME_EXCHANGE");
         assert_eq!(t.ok("out = sorted(os.listdir(M + '/other'))"), serde_json::json!(["g", "x"]));
         assert_they_see_d(&m, &mut o, &format!("{side:?}, replace and exchange uncommitted"));
-        assert_eq!(in_empty.ok("out = os.getcwd()"), serde_json::json!(m.path("empty").display().to_string()));
+        let empty = m.path("empty").display().to_string();
+        assert_cwd(&mut in_empty, &empty, &format!("{side:?}, in the replaced directory"));
         assert_eq!(in_empty.ok("out = os.listdir('.')"), serde_json::json!([]));
         assert_eq!(o.2.ok("out = sorted(os.listdir(M + '/other'))"), serde_json::json!(["in"]));
         end(t, side, false);
         assert_they_see_d(&m, &mut o, &format!("{side:?}, replace and exchange aborted"));
-        assert_eq!(in_empty.ok("out = os.getcwd()"), serde_json::json!(m.path("empty").display().to_string()));
+        assert_cwd(&mut in_empty, &empty, &format!("{side:?}, in the replaced directory, aborted"));
     }
 }

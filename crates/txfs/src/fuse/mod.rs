@@ -258,18 +258,53 @@ fn invalidator(notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, jobs: std::s
     }
 }
 
-/// Looks up each path below the mount point `at` from this thread, which is
-/// in no transaction: a transaction's removal or move of a directory
-/// displaced the kernel's shared dentry of it (unhashed, so the working
-/// directories of others who hold it answer `getcwd` with ENOENT), and a
-/// lookup answered with the shared node id hashes that dentry again (the
-/// kernel keeps one dentry per directory inode and reuses it). Run after
-/// the change was answered: the change's caller holds the parent's lock
-/// until then.
+/// Has each path below the mount point `at` looked up by a process in no
+/// transaction: a transaction's removal or move of a directory displaced
+/// the kernel's shared dentry of it (unhashed, so the working directories
+/// of others who hold it answer `getcwd` with ENOENT), and a lookup
+/// answered with the shared node id hashes that dentry again (the kernel
+/// keeps one dentry per directory inode and reuses it). Sent after the
+/// change was answered: its caller holds the parent's lock until then.
+///
+/// NB: by a child process (`txfs __heal`), never a thread of the daemon. A
+/// thread waiting in a request to its own mount cannot be killed once the
+/// request was sent: a daemon killed then would never finish exiting, and
+/// so never close `/dev/fuse`, and the mount would hang for good. The
+/// child's lookup fails instead when the daemon dies, and it exits when its
+/// input ends.
 fn healer(at: PathBuf, jobs: std::sync::mpsc::Receiver<Vec<PathBuf>>) {
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
+    let spawn = || {
+        std::process::Command::new("/proc/self/exe")
+            .arg("__heal")
+            .arg(&at)
+            .current_dir("/")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+    };
+    let mut child: Option<std::process::Child> = None;
     for paths in jobs {
-        for p in paths {
-            let _ = std::fs::symlink_metadata(at.join(&p));
+        let mut batch = Vec::new();
+        for p in &paths {
+            batch.extend_from_slice(p.as_os_str().as_bytes());
+            batch.push(0);
+        }
+        for _ in 0..2 {
+            if child.is_none() {
+                child = spawn().map_err(|e| tracing::warn!("cannot start the dentry healer: {e}")).ok();
+            }
+            let Some(c) = child.as_mut() else { break };
+            match c.stdin.as_mut().map(|i| i.write_all(&batch)) {
+                Some(Ok(())) => break,
+                _ => {
+                    // It died: reap it and start another.
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    child = None;
+                }
+            }
         }
     }
 }
