@@ -263,6 +263,22 @@ fn kind(k: FileKind) -> FileType {
     }
 }
 
+/// A device number as FUSE carries it (the kernel's 32-bit
+/// `new_encode_dev`: 12 bits of major, 20 of minor) from `st_rdev` as
+/// userspace has it (glibc's `makedev`). The two agree for every number
+/// that fits; a larger one cannot be told to the kernel whole.
+fn fuse_rdev(rdev: u64) -> u32 {
+    let (major, minor) = (libc::major(rdev as libc::dev_t) as u64, libc::minor(rdev as libc::dev_t) as u64);
+    ((minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)) as u32
+}
+
+/// `st_rdev` (glibc's `makedev`) from the device number a FUSE request
+/// carries (the kernel's `new_encode_dev`).
+fn dev_from_fuse(rdev: u32) -> u64 {
+    let (major, minor) = ((rdev & 0xfff00) >> 8, (rdev & 0xff) | ((rdev >> 12) & 0xfff00));
+    libc::makedev(major, minor) as u64
+}
+
 fn fattr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.obj.0),
@@ -277,7 +293,7 @@ fn fattr(a: &Attr) -> FileAttr {
         nlink: a.nlink.min(u32::MAX as u64) as u32,
         uid: a.uid,
         gid: a.gid,
-        rdev: a.rdev as u32,
+        rdev: fuse_rdev(a.rdev),
         blksize: 4096,
         flags: 0,
     }
