@@ -523,3 +523,28 @@ impl TxFs {
         Ok((fh, fopen))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{dev_from_fuse, fuse_rdev};
+
+    /// FUSE's device numbers are the kernel's `new_encode_dev` (minor's low
+    /// byte, 12 bits of major, the rest of a 20-bit minor above them);
+    /// `st_rdev` is glibc's `makedev`. Every number that fits goes both ways.
+    #[test]
+    fn device_numbers_cross_fuse_both_ways() {
+        for (major, minor, wire) in [
+            (1u32, 3u32, 0x103u32),
+            (7, 200, 0x7c8),
+            (259, 0x12345, 0x1231_0345),
+            (0xfff, 0xfffff, 0xffff_ffff),
+            (0, 0, 0),
+        ] {
+            let dev = libc::makedev(major, minor) as u64;
+            assert_eq!(fuse_rdev(dev), wire, "{major}:{minor}");
+            assert_eq!(dev_from_fuse(wire), dev, "{major}:{minor}");
+        }
+        // A major past 12 bits cannot be told to the kernel whole.
+        assert_eq!(fuse_rdev(libc::makedev(0x1001, 5) as u64), fuse_rdev(libc::makedev(1, 5) as u64));
+    }
+}
