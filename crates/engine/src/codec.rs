@@ -261,6 +261,10 @@ impl Codec for Seq {
 
 fields!(Timestamp { secs, nanos });
 
+/// A `u32` variant index: 0 file, 1 directory, 2 symlink, 3 other, and
+/// (added at the end, so every earlier byte decodes as before) 4 fifo,
+/// 5 socket, 6 character device, 7 block device. The kind alone: a
+/// record's new object adds a device's number after it (`RecNew`).
 impl Codec for FileKind {
     fn put(&self, out: &mut Vec<u8>) {
         let index: u32 = match self {
@@ -268,15 +272,23 @@ impl Codec for FileKind {
             FileKind::Dir => 1,
             FileKind::Symlink => 2,
             FileKind::Other => 3,
+            FileKind::Fifo => 4,
+            FileKind::Socket => 5,
+            FileKind::CharDev => 6,
+            FileKind::BlockDev => 7,
         };
         index.put(out);
     }
     fn get(r: &mut Reader<'_>) -> Result<Self> {
-        Ok(match r.variant(4)? {
+        Ok(match r.variant(8)? {
             0 => FileKind::File,
             1 => FileKind::Dir,
             2 => FileKind::Symlink,
-            _ => FileKind::Other,
+            3 => FileKind::Other,
+            4 => FileKind::Fifo,
+            5 => FileKind::Socket,
+            6 => FileKind::CharDev,
+            _ => FileKind::BlockDev,
         })
     }
 }

@@ -351,6 +351,8 @@ pub struct NewObj {
     pub kind: FileKind,
     /// Symlink target.
     pub target: Option<OsString>,
+    /// A device's number (`st_rdev`); 0 for every other kind.
+    pub rdev: u64,
 }
 
 /// Directory entry changes: `Some(obj)` links `obj` under the name, `None`

@@ -251,7 +251,7 @@ fn decode(
     for n in &rec.created {
         let o = st.new_obj(n.kind);
         news.insert(n.id, o);
-        d.created.insert(o, NewObj { kind: n.kind, target: n.target.clone().map(OsString::from_vec) });
+        d.created.insert(o, NewObj { kind: n.kind, target: n.target.clone().map(OsString::from_vec), rdev: n.rdev });
     }
     let resolve = |st: &mut State, news: &HashMap<u64, ObjId>, r: &ObjRef| -> Result<ObjId> {
         match r {

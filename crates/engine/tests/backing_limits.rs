@@ -332,7 +332,7 @@ struct Unprivileged {
 }
 
 impl txfs_engine::storage::Storage for Unprivileged {
-    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, mkdir, symlink, mknod, readlink, rename, link, unlink, rmdir, set_mode, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
     fn set_owner(&self, p: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
         if !self.may_own(uid, gid) {
             return Err(std::io::Error::from_raw_os_error(libc::EPERM));

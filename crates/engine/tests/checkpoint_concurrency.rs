@@ -54,7 +54,7 @@ impl Gate {
 }
 
 impl Storage for Gate {
-    common::pass_through!(inner: lstat, read_dir, read_at, file_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, create_file, mkdir, symlink, mknod, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
     fn write_at(&self, p: &Path, off: u64, data: &[u8]) -> io::Result<()> {
         self.hold(p);
         self.inner.write_at(p, off, data)

@@ -26,7 +26,7 @@ struct HoldSync {
 }
 
 impl Storage for HoldSync {
-    common::pass_through!(inner: lstat, read_dir, read_at, file_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, open_file, write_at, set_len);
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, create_file, mkdir, symlink, mknod, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, open_file, write_at, set_len);
     fn sync_all(&self) -> io::Result<()> {
         self.syncs.fetch_add(1, Ordering::SeqCst);
         if self.armed.swap(false, Ordering::SeqCst) {

@@ -389,7 +389,7 @@ impl txfs_engine::storage::StoredFile for SmallCrashFile {
 }
 
 impl Storage for SmallCrash {
-    common::pass_through!(inner: lstat, read_dir, read_at, file_len, create_file, mkdir, symlink, readlink, link, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all);
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, create_file, mkdir, symlink, mknod, readlink, link, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all);
     fn write_at(&self, p: &Path, off: u64, data: &[u8]) -> std::io::Result<()> {
         take(&self.left, (off + data.len() as u64).saturating_sub(self.inner.lstat(p)?.size))?;
         self.inner.write_at(p, off, data)

@@ -67,7 +67,7 @@ impl StoredFile for SmallFile {
 }
 
 impl Storage for SmallDisk {
-    common::pass_through!(inner: lstat, read_dir, read_at, file_len, create_file, mkdir, symlink, readlink, rename, link, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all);
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, create_file, mkdir, symlink, mknod, readlink, rename, link, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all);
     fn write_at(&self, p: &Path, off: u64, data: &[u8]) -> io::Result<()> {
         take_growth(&self.left, self.inner.lstat(p)?.size, off, data.len())?;
         self.inner.write_at(p, off, data)
@@ -466,7 +466,7 @@ impl StoredFile for FailingSyncFile {
 }
 
 impl Storage for FailingSync {
-    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all);
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, mkdir, symlink, mknod, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all);
     fn open_file(&self, p: &Path, create: bool) -> io::Result<Arc<dyn StoredFile>> {
         let inner = self.inner.open_file(p, create)?;
         if !p.starts_with(Path::new(META_DIR).join("journal")) {

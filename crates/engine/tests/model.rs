@@ -38,7 +38,11 @@
 //! last name is gone. Each run also picks a tiny spill threshold (private
 //! data goes to `.txfs/spill/`) and a tiny checkpoint threshold (commits
 //! checkpoint by themselves) half of the time. The runs start from a small
-//! seeded tree (see [`seeded`]) with a hard link, a symlink and an xattr.
+//! seeded tree (see [`seeded`]) with a hard link, a symlink, a fifo and an
+//! xattr; `mkfifo` makes more special files (each checkpoint makes them
+//! with `mknod`), which every operation meets as Linux has it: no contents
+//! (`EINVAL`), no `user.*` xattrs (`EPERM`), renamed, linked and removed
+//! like any file.
 //!
 //! Engine bugs found this way have a pinned test each (model_regressions.rs)
 //! and a `KNOWN_BUG_*` switch here (section "known engine bugs") that keeps
@@ -102,6 +106,8 @@ enum Op {
     Create(P, u32),
     Mkdir(P, u32),
     Symlink(P, &'static str),
+    /// mkfifo: a special file, its kind alone (no contents, no number).
+    Mkfifo(P, u32),
     Write(P, u64, usize, u8),
     Append(P, usize, u8),
     Truncate(P, u64),
@@ -127,6 +133,7 @@ impl std::fmt::Debug for Op {
             Op::Create(p, m) => write!(f, "create {} {m:o}", show(p)),
             Op::Mkdir(p, m) => write!(f, "mkdir {} {m:o}", show(p)),
             Op::Symlink(p, t) => write!(f, "symlink {} -> {t}", show(p)),
+            Op::Mkfifo(p, m) => write!(f, "mkfifo {} {m:o}", show(p)),
             Op::Write(p, o, l, s) => write!(f, "write {} @{o} len {l} seed {s}", show(p)),
             Op::Append(p, l, s) => write!(f, "append {} len {l} seed {s}", show(p)),
             Op::Truncate(p, n) => write!(f, "truncate {} {n}", show(p)),
@@ -255,6 +262,7 @@ enum Kind {
     File(Vec<u8>),
     Dir(BTreeMap<&'static str, Ino>),
     Symlink(&'static str),
+    Fifo,
 }
 
 #[derive(Clone, Debug)]
@@ -412,7 +420,7 @@ impl Model {
         match &mut self.nodes.get_mut(&i).expect("model node").kind {
             Kind::File(v) => Ok(v),
             Kind::Dir(_) => no(EISDIR),
-            Kind::Symlink(_) => no(EINVAL),
+            Kind::Symlink(_) | Kind::Fifo => no(EINVAL),
         }
     }
 
@@ -429,6 +437,7 @@ impl Model {
             Op::Create(p, mode) => self.make(p, Kind::File(Vec::new()), *mode),
             Op::Mkdir(p, mode) => self.make(p, Kind::Dir(BTreeMap::new()), *mode),
             Op::Symlink(p, t) => self.make(p, Kind::Symlink(t), 0o777),
+            Op::Mkfifo(p, mode) => self.make(p, Kind::Fifo, *mode),
             Op::Write(p, off, len, seed) => {
                 let i = self.walk(p)?;
                 let v = self.file_mut(i)?;
@@ -564,9 +573,10 @@ impl Model {
                 let i = self.walk(p)?;
                 let n = self.nodes.get_mut(&i).expect("node");
                 (n.uid, n.gid) = (*uid, *gid);
-                // Linux: chown of a regular file drops setuid, and setgid
-                // when group-exec is set (as `chown_common` asks, even for root).
-                if matches!(n.kind, Kind::File(_)) {
+                // Linux: chown of a regular or special file drops setuid,
+                // and setgid when group-exec is set (as `chown_common` asks,
+                // even for root).
+                if matches!(n.kind, Kind::File(_) | Kind::Fifo) {
                     n.mode &= !S_ISUID;
                     if n.mode & 0o010 != 0 {
                         n.mode &= !S_ISGID;
@@ -578,7 +588,7 @@ impl Model {
                 let i = self.walk(p)?;
                 let n = self.nodes.get_mut(&i).expect("node");
                 // Linux: user.* xattrs exist only on files and directories.
-                if matches!(n.kind, Kind::Symlink(_)) {
+                if matches!(n.kind, Kind::Symlink(_) | Kind::Fifo) {
                     return no(EPERM);
                 }
                 n.xattrs.insert(name, bytes(*len, *seed));
@@ -587,7 +597,7 @@ impl Model {
             Op::RemoveXattr(p, name) => {
                 let i = self.walk(p)?;
                 let n = self.nodes.get_mut(&i).expect("node");
-                if matches!(n.kind, Kind::Symlink(_)) {
+                if matches!(n.kind, Kind::Symlink(_) | Kind::Fifo) {
                     return no(EPERM);
                 }
                 n.xattrs.remove(name).ok_or(vec![ENODATA])?;
@@ -608,6 +618,7 @@ impl Model {
                     Kind::File(d) => Val::Stat('f', d.len() as u64, n.mode, self.nlink(i), n.uid, n.gid),
                     Kind::Dir(_) => Val::Stat('d', 0, n.mode, self.nlink(i), n.uid, n.gid),
                     Kind::Symlink(t) => Val::Stat('l', t.len() as u64, 0, self.nlink(i), n.uid, n.gid),
+                    Kind::Fifo => Val::Stat('p', 0, n.mode, self.nlink(i), n.uid, n.gid),
                 };
                 Ok((v, false))
             }
@@ -649,6 +660,7 @@ impl Model {
             Kind::File(_) => 'f',
             Kind::Dir(_) => 'd',
             Kind::Symlink(_) => 'l',
+            Kind::Fifo => 'p',
         }
     }
 
@@ -672,6 +684,9 @@ impl Model {
                 }
                 Kind::Symlink(t) => {
                     out.insert(path, Node::Symlink { target: t.into() });
+                }
+                Kind::Fifo => {
+                    out.insert(path, Node::Special { kind: FileKind::Fifo, mode: n.mode, rdev: 0 });
                 }
             }
         }
@@ -704,6 +719,10 @@ fn kind_char(k: FileKind) -> char {
         FileKind::File => 'f',
         FileKind::Dir => 'd',
         FileKind::Symlink => 'l',
+        FileKind::Fifo => 'p',
+        FileKind::Socket => 's',
+        FileKind::CharDev => 'c',
+        FileKind::BlockDev => 'b',
         FileKind::Other => '?',
     }
 }
@@ -740,6 +759,11 @@ fn run_op(e: &Engine, tx: Option<TxId>, op: &Op) -> txfs_engine::Result<Val> {
         Op::Symlink(p, t) => {
             let (d, n) = parent(p)?;
             e.symlink(tx, d, os(n), os(t), 0, 0)?;
+            Val::Unit
+        }
+        Op::Mkfifo(p, mode) => {
+            let (d, n) = parent(p)?;
+            e.mknod(tx, d, os(n), FileKind::Fifo, *mode, 0, 0, 0)?;
             Val::Unit
         }
         Op::Write(p, off, len, seed) => {
@@ -826,6 +850,7 @@ fn tree_diff(label: &str, got: &Tree, want: &Tree) -> String {
         }
         Some(Node::Dir { mode }) => format!("dir mode {mode:o}"),
         Some(Node::Symlink { target }) => format!("symlink -> {target:?}"),
+        Some(Node::Special { kind, mode, rdev }) => format!("{kind:?} mode {mode:o} rdev {rdev:#x}"),
     };
     let mut out = String::new();
     for p in got.keys().chain(want.keys()).collect::<std::collections::BTreeSet<_>>() {
@@ -960,6 +985,7 @@ impl Backing {
 ///   c     -> a
 ///   d1/a     file, mode 600
 ///   d1/b     = a
+///   d1/c     fifo, mode 640 (a special file of the backing store)
 ///   d1/d2/   directory
 ///   d2/      directory, mode 700
 ///   d2/a     file
@@ -988,6 +1014,7 @@ fn seeded(real: bool) -> (Backing, Model) {
     file("d2/a", 0o644, b"base d2/a");
     s.link(p("a"), p("d1/b")).unwrap();
     s.symlink(os("a"), p("c")).unwrap();
+    s.mknod(p("d1/c"), FileKind::Fifo, 0o640, 0).unwrap();
     let xattrs = s.set_xattr(p("a"), os("user.x"), b"v0").is_ok();
 
     let mut m = Model::new();
@@ -1001,8 +1028,9 @@ fn seeded(real: bool) -> (Backing, Model) {
     let d1a = m.add(Kind::File(b"base d1/a".to_vec()), 0o600);
     let d2a = m.add(Kind::File(b"base d2/a".to_vec()), 0o644);
     let c = m.add(Kind::Symlink("a"), 0o777);
+    let d1c = m.add(Kind::Fifo, 0o640);
     m.entries_mut(ROOT).extend([("a", a), ("b", b), ("c", c), ("d1", d1), ("d2", d2)]);
-    m.entries_mut(d1).extend([("a", d1a), ("b", a), ("d2", d1d2)]);
+    m.entries_mut(d1).extend([("a", d1a), ("b", a), ("c", d1c), ("d2", d1d2)]);
     m.entries_mut(d2).extend([("a", d2a)]);
     (backing, m)
 }
@@ -1511,6 +1539,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (path(), mode()).prop_map(|(p, m)| Op::Create(p, m)),
         3 => (path(), mode()).prop_map(|(p, m)| Op::Mkdir(p, m)),
         1 => (path(), proptest::sample::select(&["a", "d1/b", "nowhere"][..])).prop_map(|(p, t)| Op::Symlink(p, t)),
+        1 => (path(), mode()).prop_map(|(p, m)| Op::Mkfifo(p, m)),
         5 => (path(), offset(), 1usize..40, 1u8..=255).prop_map(|(p, o, l, s)| Op::Write(p, o, l, s)),
         2 => (path(), 1usize..30, 1u8..=255).prop_map(|(p, l, s)| Op::Append(p, l, s)),
         2 => (path(), offset()).prop_map(|(p, n)| Op::Truncate(p, n)),

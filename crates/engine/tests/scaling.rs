@@ -101,6 +101,10 @@ impl Storage for Counting {
         self.tick();
         self.inner.symlink(t, p)
     }
+    fn mknod(&self, p: &Path, k: FileKind, mode: u32, rdev: u64) -> io::Result<()> {
+        self.tick();
+        self.inner.mknod(p, k, mode, rdev)
+    }
     fn readlink(&self, p: &Path) -> io::Result<OsString> {
         self.tick();
         self.inner.readlink(p)

@@ -279,7 +279,7 @@ struct NoChown {
 }
 
 impl Storage for NoChown {
-    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, mkdir, symlink, readlink, rename, unlink, rmdir, set_mode, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, mkdir, symlink, mknod, readlink, rename, unlink, rmdir, set_mode, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
     fn set_owner(&self, _: &Path, _: u32, _: u32) -> std::io::Result<()> {
         Err(std::io::Error::from_raw_os_error(libc::EPERM))
     }
@@ -349,7 +349,7 @@ struct Unprivileged {
 }
 
 impl Storage for Unprivileged {
-    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, mkdir, symlink, mknod, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
     fn privileged(&self) -> bool {
         false
     }

@@ -29,7 +29,7 @@ struct HoldRead {
 }
 
 impl Storage for HoldRead {
-    common::pass_through!(inner: lstat, read_dir, file_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file, write_at, set_len);
+    common::pass_through!(inner: lstat, read_dir, file_len, create_file, mkdir, symlink, mknod, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file, write_at, set_len);
     fn read_at(&self, p: &Path, off: u64, buf: &mut [u8]) -> io::Result<usize> {
         if !p.starts_with(META_DIR) && self.armed.swap(false, Ordering::SeqCst) {
             let mut g = self.state.lock().unwrap();
@@ -158,7 +158,7 @@ struct SlowRead {
 }
 
 impl Storage for SlowRead {
-    common::pass_through!(inner: lstat, read_dir, file_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file, write_at, set_len);
+    common::pass_through!(inner: lstat, read_dir, file_len, create_file, mkdir, symlink, mknod, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file, write_at, set_len);
     fn read_at(&self, p: &Path, off: u64, buf: &mut [u8]) -> io::Result<usize> {
         if !p.starts_with(META_DIR) {
             let before = self.checkpoints.load(Ordering::SeqCst);

@@ -18,7 +18,7 @@ struct NoRead {
 }
 
 impl Storage for NoRead {
-    common::pass_through!(inner: lstat, read_dir, file_len, create_file, mkdir, symlink, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file, write_at, set_len);
+    common::pass_through!(inner: lstat, read_dir, file_len, create_file, mkdir, symlink, mknod, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file, write_at, set_len);
     fn read_at(&self, p: &Path, off: u64, buf: &mut [u8]) -> io::Result<usize> {
         if p.starts_with(META_DIR) {
             return self.inner.read_at(p, off, buf);

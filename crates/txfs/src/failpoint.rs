@@ -12,7 +12,7 @@
 //! TXFS_FAILPOINT=<class>:<n>   die before the n-th (1-based) mutating op
 //!                              of <class>, counted from the daemon's start
 //!   any        every mutating op: write, set_len, create, mkdir, symlink,
-//!              rename, link, unlink, rmdir, chmod/chown/utimes, xattr
+//!              mknod, rename, link, unlink, rmdir, chmod/chown/utimes, xattr
 //!              changes, fsync, syncfs, creating open, handle write/sync
 //!   journal    ops on .txfs/journal/ (commit: append, cut, group sync;
 //!              checkpoint: rotation)
@@ -200,6 +200,13 @@ impl Storage for FailFs {
     fn symlink(&self, target: &OsStr, path: &Path) -> io::Result<()> {
         self.armed.before("symlink", path, false);
         self.inner.symlink(target, path)
+    }
+    fn mknod(&self, path: &Path, kind: FileKind, mode: u32, rdev: u64) -> io::Result<()> {
+        self.armed.before("mknod", path, false);
+        self.inner.mknod(path, kind, mode, rdev)
+    }
+    fn may_mknod(&self, kind: FileKind, rdev: u64) -> bool {
+        self.inner.may_mknod(kind, rdev)
     }
     fn readlink(&self, path: &Path) -> io::Result<OsString> {
         self.inner.readlink(path)

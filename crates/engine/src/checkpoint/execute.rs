@@ -145,6 +145,11 @@ pub(super) fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
                         .ctx("checkpoint symlink", || p(to).display().to_string())?;
                 }
             }
+            Place::Special { to, kind, rdev } => {
+                if !exists(s, p(to))? {
+                    s.mknod(p(to), *kind, 0o600, *rdev).ctx("checkpoint mknod", || p(to).display().to_string())?;
+                }
+            }
             Place::Link { existing, to } => {
                 if !exists(s, p(to))? {
                     s.link(p(existing), p(to)).ctx("checkpoint link", || p(to).display().to_string())?;

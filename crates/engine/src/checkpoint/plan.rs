@@ -63,6 +63,14 @@ pub enum Place {
         size: u64,
         keep: Option<Vec<u8>>,
     },
+    /// A new fifo, socket or device ([`FileKind::is_special`]), made with
+    /// `mknod` (mode 0600 until phase 3 sets the object's own); `rdev` is
+    /// a device's number, 0 for the others.
+    Special {
+        to: Vec<u8>,
+        kind: FileKind,
+        rdev: u64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -366,6 +374,7 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
                 FileKind::Symlink => {
                     Place::Symlink { to: bytes(&first), target: n.target.clone().unwrap_or_default().into_vec() }
                 }
+                k if k.is_special() => Place::Special { to: bytes(&first), kind: k, rdev: n.rdev },
                 _ => place_new(*o, &first),
             };
             firsts.push((depth, pl));
@@ -603,18 +612,25 @@ impl Codec for Place {
                 size.put(out);
                 keep.put(out);
             }
+            Place::Special { to, kind, rdev } => {
+                6u32.put(out);
+                to.put(out);
+                kind.put(out);
+                rdev.put(out);
+            }
         }
     }
     fn get(r: &mut Reader<'_>) -> std::result::Result<Self, DecodeError> {
-        Ok(match r.variant(6)? {
+        Ok(match r.variant(7)? {
             0 => Place::Rename { stage: Codec::get(r)?, to: Codec::get(r)? },
             1 => Place::File { to: Codec::get(r)? },
             2 => Place::Dir { to: Codec::get(r)? },
             3 => Place::Symlink { to: Codec::get(r)?, target: Codec::get(r)? },
             4 => Place::Link { existing: Codec::get(r)?, to: Codec::get(r)? },
-            _ => {
+            5 => {
                 Place::Replace { data: Codec::get(r)?, to: Codec::get(r)?, size: Codec::get(r)?, keep: Codec::get(r)? }
             }
+            _ => Place::Special { to: Codec::get(r)?, kind: Codec::get(r)?, rdev: Codec::get(r)? },
         })
     }
 }

@@ -73,6 +73,9 @@ pub struct RecNew {
     pub id: u64,
     pub kind: FileKind,
     pub target: Option<Vec<u8>>,
+    /// A device's number (`st_rdev`); 0 for every other kind. Encoded only
+    /// after a device's kind (see the `Codec` below).
+    pub rdev: u64,
 }
 
 /// Bytes of a file extent that live in a data file, not in the record.
@@ -149,7 +152,26 @@ fields!(RecAttr { mode, uid, gid, atime, mtime, ctime, nlink, xattrs });
 fields!(RecFile { cut, exact, size, extents });
 fields!(RecObj { obj, attr, file });
 fields!(RecDir { dir, entries });
-fields!(RecNew { id, kind, target });
+/// `id`, `kind`, then — for a character or block device only — its `rdev`
+/// (`u64`), then `target`. As bincode would encode a kind enum whose
+/// device variants carry the number: the kinds before devices existed
+/// (tags 0..3) are exactly the bytes every earlier build wrote.
+impl Codec for RecNew {
+    fn put(&self, out: &mut Vec<u8>) {
+        self.id.put(out);
+        self.kind.put(out);
+        if self.kind.is_device() {
+            self.rdev.put(out);
+        }
+        self.target.put(out);
+    }
+    fn get(r: &mut Reader<'_>) -> std::result::Result<Self, DecodeError> {
+        let id = Codec::get(r)?;
+        let kind: FileKind = Codec::get(r)?;
+        let rdev = if kind.is_device() { Codec::get(r)? } else { 0 };
+        Ok(RecNew { id, kind, target: Codec::get(r)?, rdev })
+    }
+}
 fields!(FileRef { obj, off, len, file, file_off });
 
 /// A record's version-1 body: `files` is not part of it (a version-2

@@ -7,7 +7,7 @@
 //! operations issued but not yet durable:
 //!
 //! * the **metadata log**: every successful namespace or attribute change
-//!   (`create_file`, `mkdir`, `symlink`, `rename`, `link`, `unlink`,
+//!   (`create_file`, `mkdir`, `symlink`, `mknod`, `rename`, `link`, `unlink`,
 //!   `rmdir`, `set_mode`, `set_owner`, `set_times`, `set_xattr`,
 //!   `remove_xattr`, and a creating `open_file`), in issue order;
 //! * per inode (by inode number), the **pending data**: every `write_at` and
@@ -69,6 +69,7 @@ enum MetaOp {
     CreateFile { path: PathBuf, mode: u32, ino: u64 },
     Mkdir { path: PathBuf, mode: u32, ino: u64 },
     Symlink { target: OsString, path: PathBuf, ino: u64 },
+    Mknod { path: PathBuf, kind: FileKind, mode: u32, rdev: u64, ino: u64 },
     Rename { from: PathBuf, to: PathBuf },
     Link { existing: PathBuf, new: PathBuf },
     Unlink { path: PathBuf },
@@ -88,6 +89,7 @@ impl MetaOp {
             MetaOp::CreateFile { path, mode, ino } => return t.create_file(path, *mode, *ino, now),
             MetaOp::Mkdir { path, mode, ino } => t.mkdir(path, *mode, *ino, now),
             MetaOp::Symlink { target, path, ino } => t.symlink(target, path, *ino, now),
+            MetaOp::Mknod { path, kind, mode, rdev, ino } => t.mknod(path, *kind, *mode, *rdev, *ino, now),
             MetaOp::Rename { from, to } => t.rename(from, to, now),
             MetaOp::Link { existing, new } => t.link(existing, new, now),
             MetaOp::Unlink { path } => t.unlink(path, now),
@@ -303,6 +305,9 @@ impl Storage for CrashFs {
     }
     fn symlink(&self, target: &OsStr, path: &Path) -> io::Result<()> {
         self.meta(|ino| MetaOp::Symlink { target: target.into(), path: path.into(), ino })
+    }
+    fn mknod(&self, path: &Path, kind: FileKind, mode: u32, rdev: u64) -> io::Result<()> {
+        self.meta(|ino| MetaOp::Mknod { path: path.into(), kind, mode, rdev, ino })
     }
     fn readlink(&self, path: &Path) -> io::Result<OsString> {
         self.state.lock().live.readlink(path)

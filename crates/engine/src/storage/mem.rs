@@ -18,6 +18,10 @@
 //!   (no umask), like [`RealFs`](super::RealFs) does.
 //! * `st_dev` is 1; a directory's `nlink` is 2 + its subdirectories and its
 //!   size 4096; a symlink's mode is 0o777 and `set_mode` on it is a no-op.
+//! * `mknod` makes fifos, sockets and devices (no privilege is asked for:
+//!   `may_mknod` is always true); they have size 0 and `st_rdev` is the
+//!   device number of a device, 0 otherwise. `read_at`, `write_at` and
+//!   `set_len` refuse them with `EINVAL`, as [`RealFs`](super::RealFs) does.
 //! * Timestamps come from a per-tree clock: `Timestamp::now()`, forced to be
 //!   strictly increasing. Reads never update `atime`.
 //! * `set_owner` clears setuid (and setgid when group-exec is set) on
@@ -122,6 +126,9 @@ enum Node {
     File(Data),
     Dir(BTreeMap<OsString, u64>),
     Symlink(OsString),
+    /// A fifo, socket or device ([`FileKind::is_special`]) and its device
+    /// number (0 but for devices).
+    Special(FileKind, u64),
 }
 
 #[derive(Clone)]
@@ -163,6 +170,7 @@ impl Inode {
             Node::File(_) => FileKind::File,
             Node::Dir(_) => FileKind::Dir,
             Node::Symlink(_) => FileKind::Symlink,
+            Node::Special(k, _) => k,
         }
     }
 }
@@ -252,7 +260,7 @@ impl MemTree {
             cur = match &self.get(cur)?.node {
                 Node::Dir(e) => *e.get(*name).ok_or_else(|| err(libc::ENOENT))?,
                 Node::Symlink(_) => return Err(err(libc::ELOOP)),
-                Node::File(_) => return Err(err(libc::ENOTDIR)),
+                Node::File(_) | Node::Special(..) => return Err(err(libc::ENOTDIR)),
             };
         }
         Ok(cur)
@@ -277,7 +285,7 @@ impl MemTree {
         match self.get(dir)?.node {
             Node::Dir(_) => Ok((dir, name)),
             Node::Symlink(_) => Err(err(libc::ELOOP)),
-            Node::File(_) => Err(err(libc::ENOTDIR)),
+            Node::File(_) | Node::Special(..) => Err(err(libc::ENOTDIR)),
         }
     }
 
@@ -317,10 +325,11 @@ impl MemTree {
 
     fn meta(&self, ino: u64) -> io::Result<Meta> {
         let i = self.get(ino)?;
-        let (size, nlink) = match &i.node {
-            Node::File(d) => (d.size, i.nlink),
-            Node::Dir(e) => (4096, 2 + e.values().filter(|c| self.is_dir(**c)).count() as u64),
-            Node::Symlink(t) => (t.len() as u64, i.nlink),
+        let (size, nlink, rdev) = match &i.node {
+            Node::File(d) => (d.size, i.nlink, 0),
+            Node::Dir(e) => (4096, 2 + e.values().filter(|c| self.is_dir(**c)).count() as u64, 0),
+            Node::Symlink(t) => (t.len() as u64, i.nlink, 0),
+            Node::Special(_, rdev) => (0, i.nlink, *rdev),
         };
         Ok(Meta {
             kind: i.kind(),
@@ -331,7 +340,7 @@ impl MemTree {
             size,
             dev: 1,
             ino,
-            rdev: 0,
+            rdev,
             atime: i.atime,
             mtime: i.mtime,
             ctime: i.ctime,
@@ -348,13 +357,15 @@ impl MemTree {
     }
 
     /// The regular file at `path`: `EISDIR` for a directory, `ELOOP` for a
-    /// symlink (as `open(O_NOFOLLOW)`).
+    /// symlink (as `open(O_NOFOLLOW)`), `EINVAL` for a special file (as
+    /// `RealFs`, which never opens one).
     pub(crate) fn file_ino(&self, path: &Path) -> io::Result<u64> {
         let ino = self.lookup(path)?;
         match self.get(ino)?.node {
             Node::File(_) => Ok(ino),
             Node::Dir(_) => Err(err(libc::EISDIR)),
             Node::Symlink(_) => Err(err(libc::ELOOP)),
+            Node::Special(..) => Err(err(libc::EINVAL)),
         }
     }
 
@@ -433,6 +444,22 @@ impl MemTree {
             return Err(err(libc::EINVAL));
         }
         self.add(path, Node::Symlink(target.to_owned()), 0o777, ino, now)
+    }
+
+    pub(crate) fn mknod(
+        &mut self,
+        path: &Path,
+        kind: FileKind,
+        mode: u32,
+        rdev: u64,
+        ino: u64,
+        now: Timestamp,
+    ) -> io::Result<()> {
+        if !kind.is_special() {
+            return Err(err(libc::EINVAL));
+        }
+        let rdev = if kind.is_device() { rdev } else { 0 };
+        self.add(path, Node::Special(kind, rdev), mode, ino, now)
     }
 
     pub(crate) fn readlink(&self, path: &Path) -> io::Result<OsString> {
@@ -553,13 +580,15 @@ impl MemTree {
     }
 
     /// Checks an xattr name for `ino`; `Ok(false)` if the kernel would
-    /// refuse a `user.*` name there (symlinks).
+    /// refuse a `user.*` name there (symlinks and special files).
     fn xattr_ok(&self, ino: u64, name: &OsStr) -> io::Result<bool> {
-        Self::xattr_name_ok(name, matches!(self.get(ino)?.node, Node::Symlink(_)))
+        Self::xattr_name_ok(name, matches!(self.get(ino)?.node, Node::Symlink(_) | Node::Special(..)))
     }
 
-    /// [`MemTree::xattr_ok`] for an object that is or is not a symlink.
-    fn xattr_name_ok(name: &OsStr, symlink: bool) -> io::Result<bool> {
+    /// [`MemTree::xattr_ok`] for an object that is or is not a file or
+    /// directory (`no_user`: a symlink or special file, where Linux refuses
+    /// `user.*`).
+    fn xattr_name_ok(name: &OsStr, no_user: bool) -> io::Result<bool> {
         let b = name.as_bytes();
         if b.is_empty() || b.len() > 255 {
             return Err(err(libc::ERANGE));
@@ -568,7 +597,7 @@ impl MemTree {
         match prefix {
             None => Err(err(libc::ENOTSUP)),
             Some(p) if p.len() == b.len() || b.contains(&0) => Err(err(libc::EINVAL)),
-            Some(p) => Ok(p != b"user." || !symlink),
+            Some(p) => Ok(p != b"user." || !no_user),
         }
     }
 
@@ -639,7 +668,7 @@ impl MemTree {
 /// their `set_xattr` takes them (no limit on a set's total).
 pub(super) fn probe_xattrs(kind: FileKind, xattrs: &[(OsString, Vec<u8>, bool)]) -> io::Result<()> {
     for (name, value, _) in xattrs.iter().filter(|x| x.2) {
-        if !MemTree::xattr_name_ok(name, kind == FileKind::Symlink)? {
+        if !MemTree::xattr_name_ok(name, !matches!(kind, FileKind::File | FileKind::Dir))? {
             return Err(err(libc::EPERM));
         }
         if value.len() > 65536 {
@@ -708,6 +737,9 @@ impl Storage for MemFs {
     }
     fn symlink(&self, target: &OsStr, path: &Path) -> io::Result<()> {
         self.change(|t, now| t.symlink(target, path, t.next_ino, now))
+    }
+    fn mknod(&self, path: &Path, kind: FileKind, mode: u32, rdev: u64) -> io::Result<()> {
+        self.change(|t, now| t.mknod(path, kind, mode, rdev, t.next_ino, now))
     }
     fn readlink(&self, path: &Path) -> io::Result<OsString> {
         self.tree.lock().readlink(path)

@@ -24,7 +24,7 @@
 //! * `fsync(p)` on a directory makes every namespace operation issued before
 //!   it durable.
 //! * `sync_all()` makes everything durable (`syncfs`).
-//! * Namespace operations (create, mkdir, symlink, rename, link, unlink,
+//! * Namespace operations (create, mkdir, symlink, mknod, rename, link, unlink,
 //!   rmdir, set_mode, set_owner, set_times, xattr changes) become durable in
 //!   the order they were issued: after a crash, a prefix of them survives.
 //!   This is what journaling file systems (ext4, xfs, btrfs) provide.
@@ -45,13 +45,68 @@ pub use mem::MemFs;
 pub use real::RealFs;
 
 /// What kind of object a directory entry or inode is.
+///
+/// The order is part of the journal format (`codec`): new kinds are only
+/// ever added at the end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FileKind {
     File,
     Dir,
     Symlink,
-    /// Devices, fifos, sockets: listed and stat-able, never written by txfs.
+    /// A file type this build does not know (none on Linux today); listed
+    /// and stat-able, never created.
     Other,
+    /// A named pipe (`S_IFIFO`).
+    Fifo,
+    /// A unix socket's name (`S_IFSOCK`).
+    Socket,
+    /// A character device (`S_IFCHR`), with its device number (`rdev`).
+    CharDev,
+    /// A block device (`S_IFBLK`), with its device number (`rdev`).
+    BlockDev,
+}
+
+impl FileKind {
+    /// The kind of an `st_mode` (its `S_IFMT` bits).
+    pub fn from_mode(mode: u32) -> FileKind {
+        match mode & libc::S_IFMT {
+            libc::S_IFREG => FileKind::File,
+            libc::S_IFDIR => FileKind::Dir,
+            libc::S_IFLNK => FileKind::Symlink,
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFSOCK => FileKind::Socket,
+            libc::S_IFCHR => FileKind::CharDev,
+            libc::S_IFBLK => FileKind::BlockDev,
+            _ => FileKind::Other,
+        }
+    }
+
+    /// The `S_IFMT` bits of this kind (0 for [`FileKind::Other`]).
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileKind::File => libc::S_IFREG,
+            FileKind::Dir => libc::S_IFDIR,
+            FileKind::Symlink => libc::S_IFLNK,
+            FileKind::Fifo => libc::S_IFIFO,
+            FileKind::Socket => libc::S_IFSOCK,
+            FileKind::CharDev => libc::S_IFCHR,
+            FileKind::BlockDev => libc::S_IFBLK,
+            FileKind::Other => 0,
+        }
+    }
+
+    /// A fifo, socket or device: what [`Storage::mknod`] makes. Such an
+    /// object has no content the engine reads or writes (the kernel serves
+    /// it), and only its device number besides its attributes.
+    pub fn is_special(self) -> bool {
+        matches!(self, FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev)
+    }
+
+    /// A character or block device: it has a device number, and making one
+    /// takes `CAP_MKNOD`.
+    pub fn is_device(self) -> bool {
+        matches!(self, FileKind::CharDev | FileKind::BlockDev)
+    }
 }
 
 /// A point in time as the file system stores it.
@@ -125,6 +180,11 @@ pub trait Storage: Send + Sync + 'static {
     /// `EEXIST` if something is already there.
     fn mkdir(&self, path: &Path, mode: u32) -> io::Result<()>;
     fn symlink(&self, target: &OsStr, path: &Path) -> io::Result<()>;
+    /// `mknodat(2)` of a fifo, socket or device ([`FileKind::is_special`];
+    /// `EINVAL` for any other kind) with exactly `mode`'s permission bits
+    /// (no umask); `rdev` is the device number of a device, ignored for the
+    /// others. `EEXIST` if something is already there.
+    fn mknod(&self, path: &Path, kind: FileKind, mode: u32, rdev: u64) -> io::Result<()>;
     fn readlink(&self, path: &Path) -> io::Result<OsString>;
     /// `rename(2)`: replaces a file or an empty directory at `to`.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
@@ -182,6 +242,14 @@ pub trait Storage: Send + Sync + 'static {
     /// groups). Asked when the engine accepts an owner, so that no
     /// checkpoint meets EPERM.
     fn may_own(&self, _uid: u32, _gid: u32) -> bool {
+        true
+    }
+    /// Whether a checkpoint can make an object of `kind` with device number
+    /// `rdev` ([`Storage::mknod`]): a device takes `CAP_MKNOD`, except the
+    /// character device 0:0 (an overlayfs whiteout, which Linux lets anyone
+    /// make). Asked when the engine accepts a new device, so that no
+    /// checkpoint meets EPERM.
+    fn may_mknod(&self, _kind: FileKind, _rdev: u64) -> bool {
         true
     }
     /// Whether the engine may give a file any owner and mode and still open

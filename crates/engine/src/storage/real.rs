@@ -24,6 +24,9 @@
 //!   device, fifo or socket (opened non-blocking, never read).
 //! * `fsync` of a symlink or special file syncs its parent directory (which
 //!   holds all that can be made durable of it).
+//! * `mknod` makes fifos and sockets for anyone, devices only as root
+//!   (`may_mknod`: `CAP_MKNOD` is not looked at apart from root), and
+//!   opens none of them.
 //! * Extended attributes go through `/proc/self/fd/<parent>/<name>` with the
 //!   `l*xattr` calls (so `/proc` must be mounted for them). `ENOTSUP` reads
 //!   as "no attribute" for `get_xattr`, `list_xattrs` and `remove_xattr`.
@@ -94,12 +97,15 @@ fn cstring(bytes: &[u8]) -> io::Result<CString> {
 }
 
 fn kind_of(mode: libc::mode_t) -> FileKind {
-    match mode & libc::S_IFMT {
-        libc::S_IFREG => FileKind::File,
-        libc::S_IFDIR => FileKind::Dir,
-        libc::S_IFLNK => FileKind::Symlink,
-        _ => FileKind::Other,
-    }
+    FileKind::from_mode(mode)
+}
+
+/// Whether this process may make a device node with `mknodat` (root: the
+/// daemon runs as root when devices matter; a capability set narrower
+/// than root's is not looked at). Anyone may make a whiteout (char 0:0).
+fn may_mknod_device(kind: FileKind, rdev: u64) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    !kind.is_device() || (kind == FileKind::CharDev && rdev == 0) || unsafe { libc::geteuid() } == 0
 }
 
 #[allow(clippy::unnecessary_cast)] // the stat field types vary by platform
@@ -383,7 +389,11 @@ impl Storage for RealFs {
             FileKind::File => self.create_file(scratch, 0o600)?,
             FileKind::Dir => self.mkdir(scratch, 0o700)?,
             FileKind::Symlink => self.symlink(OsStr::new("txfs-probe"), scratch)?,
-            FileKind::Other => return Ok(()),
+            // Every special file takes the same xattrs as a fifo (Linux
+            // asks the inode's type only whether `user.*` is allowed: never
+            // on any of them), and a fifo needs no privilege.
+            k if k.is_special() => self.mknod(scratch, FileKind::Fifo, 0o600, 0)?,
+            _ => return Ok(()),
         }
         // What the engine writes first, so its own refusal (a namespace,
         // a size) is what is reported; an attribute the object keeps as it
@@ -406,6 +416,9 @@ impl Storage for RealFs {
         }
         self.remove_any(scratch)?;
         res
+    }
+    fn may_mknod(&self, kind: FileKind, rdev: u64) -> bool {
+        may_mknod_device(kind, rdev)
     }
     fn may_own(&self, uid: u32, gid: u32) -> bool {
         // SAFETY: these calls have no preconditions; getgroups fills at
@@ -490,6 +503,10 @@ impl Storage for RealFs {
                 libc::DT_REG => FileKind::File,
                 libc::DT_DIR => FileKind::Dir,
                 libc::DT_LNK => FileKind::Symlink,
+                libc::DT_FIFO => FileKind::Fifo,
+                libc::DT_SOCK => FileKind::Socket,
+                libc::DT_CHR => FileKind::CharDev,
+                libc::DT_BLK => FileKind::BlockDev,
                 // SAFETY: `dir.0` is a live DIR.
                 libc::DT_UNKNOWN => kind_of(fstatat(unsafe { libc::dirfd(dir.0) }, name)?.st_mode),
                 _ => FileKind::Other,
@@ -559,6 +576,20 @@ impl Storage for RealFs {
         let target = cstring(target.as_bytes())?;
         // SAFETY: valid C strings.
         cvt(unsafe { libc::symlinkat(target.as_ptr(), at.fd(), at.name.as_ptr()) })
+    }
+
+    fn mknod(&self, path: &Path, kind: FileKind, mode: u32, rdev: u64) -> io::Result<()> {
+        if !kind.is_special() {
+            return Err(err(libc::EINVAL));
+        }
+        let rdev = if kind.is_device() { rdev } else { 0 };
+        let at = self.at(path)?;
+        // SAFETY: valid C string.
+        cvt(unsafe {
+            libc::mknodat(at.fd(), at.name.as_ptr(), kind.mode_bits() | (mode & 0o7777), rdev as libc::dev_t)
+        })?;
+        // Exact mode, no umask (as `mkdir`).
+        self.chmod_at(&at, mode)
     }
 
     fn readlink(&self, path: &Path) -> io::Result<OsString> {
@@ -679,7 +710,7 @@ impl Storage for RealFs {
     fn fsync(&self, path: &Path) -> io::Result<()> {
         let fd = match self.lstat(path)?.kind {
             FileKind::File | FileKind::Dir => self.open_path(path, libc::O_RDONLY | libc::O_NONBLOCK, 0)?,
-            FileKind::Symlink | FileKind::Other => {
+            _ => {
                 let at = self.at(path)?;
                 // SAFETY: valid C string; reopens the (O_PATH) parent for fsync.
                 let fd = unsafe {
@@ -749,6 +780,7 @@ mod tests {
     use super::*;
     use crate::storage::mem::tests::dump;
     use crate::storage::MemFs;
+    use std::collections::BTreeMap;
 
     fn p(s: &str) -> &Path {
         Path::new(s)
@@ -827,6 +859,77 @@ mod tests {
         assert_eq!(read(&fs, "h"), (b"third".to_vec(), 5));
         fs.set_len(p("h"), 2).unwrap();
         assert_eq!(read(&fs, "h"), (b"th".to_vec(), 2));
+    }
+
+    /// `mknod` makes fifos and sockets (and, as root, devices) with exactly
+    /// the mode asked for, never opens them, and they read back with their
+    /// kind and number; contents are refused (EINVAL or ENXIO, at once: a
+    /// fifo without a peer never blocks), xattrs and `fsync` work as for a
+    /// symlink. `MemFs` keeps the same tree.
+    #[test]
+    fn special_files_are_made_with_mknod_and_never_opened() {
+        let (dir, fs) = setup();
+        let mem = MemFs::new();
+        let root = unsafe { libc::geteuid() } == 0;
+        let null = libc::makedev(1, 3) as u64;
+        let mut made = vec![("p", FileKind::Fifo, 0o4640, 0), ("s", FileKind::Socket, 0o701, 0)];
+        if root {
+            made.push(("c", FileKind::CharDev, 0o666, null));
+            made.push(("b", FileKind::BlockDev, 0o600, libc::makedev(7, 1) as u64));
+        }
+        for s in [&fs as &dyn Storage, &mem] {
+            for (name, kind, mode, rdev) in &made {
+                s.mknod(p(name), *kind, *mode, *rdev).unwrap();
+                let m = s.lstat(p(name)).unwrap();
+                assert_eq!((m.kind, m.mode, m.rdev, m.size), (*kind, *mode, *rdev, 0), "{name}");
+            }
+            assert_eq!(errno(s.mknod(p("p"), FileKind::Fifo, 0o600, 0)), libc::EEXIST);
+            for k in [FileKind::File, FileKind::Dir, FileKind::Symlink, FileKind::Other] {
+                assert_eq!(errno(s.mknod(p("x"), k, 0o600, 0)), libc::EINVAL, "{k:?}");
+            }
+            s.mknod(p("p0"), FileKind::Fifo, 0o600, 1234).unwrap();
+            assert_eq!(s.lstat(p("p0")).unwrap().rdev, 0, "a fifo has no device number");
+            assert_eq!(errno(s.read_at(p("p"), 0, &mut [0; 4])), libc::EINVAL);
+            assert!(s.write_at(p("p"), 0, b"x").is_err());
+            assert!(s.set_len(p("s"), 0).is_err());
+            assert!(s.open_file(p("p"), false).is_err());
+            s.fsync(p("p")).unwrap();
+            s.set_owner(p("p"), 0, 0).ok();
+            s.set_mode(p("p"), 0o640).unwrap();
+            let t = Timestamp { secs: 1_000_000, nanos: 7 };
+            s.set_times(p("s"), t, t).unwrap();
+            assert_eq!(s.lstat(p("s")).unwrap().mtime, t);
+            assert_eq!(errno(s.set_xattr(p("p"), OsStr::new("user.k"), b"v")), libc::EPERM);
+            s.rename(p("p"), p("q")).unwrap();
+            s.link(p("q"), p("q2")).unwrap();
+            assert_eq!(s.lstat(p("q")).unwrap().nlink, 2);
+            s.unlink(p("q2")).unwrap();
+            s.unlink(p("p0")).unwrap();
+        }
+        let mut names = fs.read_dir(p("")).unwrap();
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut want: Vec<_> = made.iter().map(|(n, k, ..)| (OsString::from(*n), *k)).collect();
+        want.retain(|(n, _)| n != "p");
+        want.push(("q".into(), FileKind::Fifo));
+        want.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(names, want);
+        let strip = |fs: &dyn Storage| {
+            dump(fs)
+                .into_iter()
+                .map(|(k, (m, b, _))| (k, (m.kind, m.mode, m.nlink, m.size, m.rdev, b)))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert_eq!(strip(&fs), strip(&mem));
+        let md = std::fs::symlink_metadata(dir.path().join("q")).unwrap();
+        assert!(std::os::unix::fs::FileTypeExt::is_fifo(&md.file_type()));
+        // An xattr probe for a special file builds a fifo (no privilege
+        // needed), and leaves nothing.
+        let scratch = p("probe");
+        assert_eq!(
+            errno(fs.probe_xattrs(scratch, FileKind::Socket, &[("user.k".into(), b"v".to_vec(), true)])),
+            libc::EPERM
+        );
+        assert_eq!(errno(fs.lstat(scratch)), libc::ENOENT);
     }
 
     #[test]

@@ -403,7 +403,12 @@ pub(crate) fn encode(st: &State, d: &Delta) -> Result<(CommitRecord, Vec<(ObjId,
     let mut created: Vec<_> = d.created.iter().collect();
     created.sort_by_key(|(o, _)| **o);
     for (o, n) in created {
-        rec.created.push(RecNew { id: o.0, kind: n.kind, target: n.target.clone().map(|t| t.into_vec()) });
+        rec.created.push(RecNew {
+            id: o.0,
+            kind: n.kind,
+            target: n.target.clone().map(|t| t.into_vec()),
+            rdev: n.rdev,
+        });
     }
     let mut dirs: Vec<_> = d.dirs.iter().collect();
     dirs.sort_by_key(|(o, _)| **o);

@@ -295,9 +295,10 @@ impl Engine {
             }
             // Linux cannot chmod a symlink itself: the mode stays 0o777.
             let mut mode = set.mode.map(|m| m & 0o7777).filter(|_| cur.kind != FileKind::Symlink);
-            if (set.uid.is_some() || set.gid.is_some()) && mode.is_none() && cur.kind == FileKind::File {
+            let chown_drops = cur.kind == FileKind::File || cur.kind.is_special();
+            if (set.uid.is_some() || set.gid.is_some()) && mode.is_none() && chown_drops {
                 // As Linux (even for root): chown drops setuid, and setgid
-                // when group-execute is set.
+                // when group-execute is set (of any non-directory).
                 let mut m = cur.mode & !libc::S_ISUID;
                 if cur.mode & libc::S_IXGRP != 0 {
                     m &= !libc::S_ISGID;
@@ -324,11 +325,40 @@ impl Engine {
 
     /// Creates a regular file; `EEXIST` if the name is taken.
     pub fn create(&self, tx: Option<TxId>, parent: ObjId, name: &OsStr, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
-        self.run(tx, |st, t| st.create(t, parent, name, FileKind::File, mode, (uid, gid), None))
+        self.run(tx, |st, t| st.create(t, parent, name, FileKind::File, mode, (uid, gid), None, 0))
     }
 
     pub fn mkdir(&self, tx: Option<TxId>, parent: ObjId, name: &OsStr, mode: u32, uid: u32, gid: u32) -> Result<Attr> {
-        self.run(tx, |st, t| st.create(t, parent, name, FileKind::Dir, mode, (uid, gid), None))
+        self.run(tx, |st, t| st.create(t, parent, name, FileKind::Dir, mode, (uid, gid), None, 0))
+    }
+
+    /// `mknod(2)`: a fifo, socket, character or block device (`rdev` is a
+    /// device's number, as `st_rdev` gives it: glibc's `makedev`; ignored
+    /// for the others), or a regular file. As Linux: `EPERM` for a
+    /// directory, `EINVAL` for a symlink or an unknown kind; `EEXIST` if the
+    /// name is taken. A device is refused with `EPERM` when the backing
+    /// could not make it at the checkpoint ([`Storage::may_mknod`]); whether
+    /// the *caller* may make one is the caller's business (the mount lets
+    /// the kernel's `CAP_MKNOD` check stand).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(
+        &self,
+        tx: Option<TxId>,
+        parent: ObjId,
+        name: &OsStr,
+        kind: FileKind,
+        mode: u32,
+        rdev: u64,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        match kind {
+            FileKind::File => return self.create(tx, parent, name, mode, uid, gid),
+            FileKind::Dir => return Err(Error::posix("mknod", format!("{name:?}: a directory"), libc::EPERM)),
+            k if k.is_special() => {}
+            _ => return Err(Error::posix("mknod", format!("{name:?}: not a kind mknod makes"), libc::EINVAL)),
+        }
+        self.run(tx, |st, t| st.create(t, parent, name, kind, mode, (uid, gid), None, rdev))
     }
 
     pub fn symlink(
@@ -347,7 +377,7 @@ impl Engine {
                 if target.is_empty() { libc::ENOENT } else { libc::ENAMETOOLONG },
             ));
         }
-        self.run(tx, |st, t| st.create(t, parent, name, FileKind::Symlink, 0o777, (uid, gid), Some(target)))
+        self.run(tx, |st, t| st.create(t, parent, name, FileKind::Symlink, 0o777, (uid, gid), Some(target), 0))
     }
 
     pub fn readlink(&self, tx: Option<TxId>, o: ObjId) -> Result<OsString> {
@@ -484,9 +514,9 @@ impl Engine {
         // Checks and change in one lock hold: XATTR_CREATE is atomic.
         self.run(tx, |st, t| {
             let kind = st.kind_in(Some(t), o)?;
-            if kind == FileKind::Symlink && name.as_bytes().starts_with(b"user.") {
+            if !matches!(kind, FileKind::File | FileKind::Dir) && name.as_bytes().starts_with(b"user.") {
                 // As Linux: user.* attributes only on files and directories.
-                return Err(Error::posix("setxattr", format!("{name:?} on a symlink"), libc::EPERM));
+                return Err(Error::posix("setxattr", format!("{name:?} on a {kind:?}"), libc::EPERM));
             }
             let exists = st.xattr(t, o, name)?.is_some();
             if value.is_none() && !exists {

@@ -1,4 +1,5 @@
-//! Names: create (files, directories, symlinks), link, unlink, rename,
+//! Names: create (files, directories, symlinks, fifos, sockets, devices),
+//! link, unlink, rename,
 //! as changes to a transaction's delta. Nothing here touches the backing
 //! tree (J1): the checkpoint applies the committed names.
 //!
@@ -58,6 +59,7 @@ impl State {
         mode: u32,
         owner: (u32, u32),
         target: Option<&OsStr>,
+        rdev: u64,
     ) -> Result<Attr> {
         check_name(name)?;
         self.expect_dir(tx, parent)?;
@@ -76,6 +78,11 @@ impl State {
             // The checkpoint could not give it that owner (issue 23).
             return Err(Error::posix("create", format!("{name:?} owned by {}:{gid}", owner.0), libc::EPERM));
         }
+        let rdev = if kind.is_device() { rdev } else { 0 };
+        if !self.storage.may_mknod(kind, rdev) {
+            // The checkpoint could not make it (a daemon without CAP_MKNOD).
+            return Err(Error::posix("mknod", format!("{name:?}: a device"), libc::EPERM));
+        }
         let o = self.new_obj(kind);
         let (uid, mut gid) = owner;
         let mut mode = mode & 0o7777;
@@ -85,7 +92,7 @@ impl State {
                 mode |= libc::S_ISGID;
             }
         }
-        tx.delta.created.insert(o, NewObj { kind, target: target.map(|t| t.to_owned()) });
+        tx.delta.created.insert(o, NewObj { kind, target: target.map(|t| t.to_owned()), rdev });
         tx.delta.dirs.entry(parent).or_default().insert(name.to_owned(), Some(o));
         let now = Timestamp::now();
         let od = tx.delta.obj(o);

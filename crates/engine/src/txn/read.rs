@@ -159,6 +159,7 @@ impl State {
             if let Some(t) = &n.target {
                 a.size = t.len() as u64;
             }
+            a.rdev = n.rdev;
         }
         if orphan {
             // The .txfs/orphans link is ours, not the user's.

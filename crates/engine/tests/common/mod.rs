@@ -15,9 +15,22 @@ use txfs_engine::{Engine, FileKind, ObjId, TxId, META_DIR};
 /// One object of a dumped tree. Hard links appear once per name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Node {
-    File { data: Vec<u8>, mode: u32 },
-    Dir { mode: u32 },
-    Symlink { target: OsString },
+    File {
+        data: Vec<u8>,
+        mode: u32,
+    },
+    Dir {
+        mode: u32,
+    },
+    Symlink {
+        target: OsString,
+    },
+    /// A fifo, socket or device, and its number (0 but for devices).
+    Special {
+        kind: FileKind,
+        mode: u32,
+        rdev: u64,
+    },
 }
 
 pub type Tree = BTreeMap<PathBuf, Node>;
@@ -46,7 +59,11 @@ fn walk_engine(engine: &Engine, tx: Option<TxId>, dir: ObjId, at: PathBuf, out: 
             FileKind::Symlink => {
                 out.insert(path, Node::Symlink { target: engine.readlink(tx, e.obj).expect("readlink") });
             }
-            FileKind::Other => {}
+            k if k.is_special() => {
+                assert_eq!(a.kind, k, "kind of {} in its listing and its attributes", path.display());
+                out.insert(path, Node::Special { kind: k, mode: a.mode, rdev: a.rdev });
+            }
+            _ => {}
         }
     }
 }
@@ -88,7 +105,10 @@ fn walk_storage(s: &dyn Storage, at: &Path, out: &mut Tree) {
             FileKind::Symlink => {
                 out.insert(path.clone(), Node::Symlink { target: s.readlink(&path).expect("readlink") });
             }
-            FileKind::Other => {}
+            k if k.is_special() => {
+                out.insert(path, Node::Special { kind: k, mode: m.mode, rdev: m.rdev });
+            }
+            _ => {}
         }
     }
 }
@@ -173,6 +193,11 @@ macro_rules! pass_through {
     };
     (@one $i:ident symlink) => {
         fn symlink(&self, t: &std::ffi::OsStr, p: &std::path::Path) -> std::io::Result<()> { self.$i.symlink(t, p) }
+    };
+    (@one $i:ident mknod) => {
+        fn mknod(&self, p: &std::path::Path, k: txfs_engine::storage::FileKind, m: u32, r: u64) -> std::io::Result<()> {
+            self.$i.mknod(p, k, m, r)
+        }
     };
     (@one $i:ident readlink) => {
         fn readlink(&self, p: &std::path::Path) -> std::io::Result<std::ffi::OsString> { self.$i.readlink(p) }

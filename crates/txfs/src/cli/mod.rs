@@ -79,7 +79,8 @@ enum Cmd {
         /// Mount options, comma-separated: allow_other, allow_root, ro, rw,
         /// dev, nodev, suid, nosuid, exec, noexec, default_permissions
         /// (fstab's defaults, auto, noauto, user, _netdev and atime options
-        /// are accepted and ignored). The kernel checks file modes unless
+        /// are accepted and ignored). Device nodes on the mount open only
+        /// with dev (nodev is FUSE's default, as for every FUSE mount). The kernel checks file modes unless
         /// root mounts without allow_other/allow_root: then only root can
         /// reach the mount and the checks (a round trip per directory on a
         /// path, inside a transaction) are skipped; default_permissions

@@ -72,14 +72,19 @@ fn run_ioctl(mount: &std::fs::File, pid: u32, op: u32, flags: u32, devfd: i32) -
     Ok(())
 }
 
-/// The `/dev/fuse` descriptor of a transaction view, and its mount options.
+/// The `/dev/fuse` descriptor of a transaction view, its mount options and
+/// flags.
 struct View {
     dev: i32,
     opts: CString,
+    flags: libc::c_ulong,
 }
 
 impl View {
-    fn open() -> Option<View> {
+    /// `nodev`: whether the shared mount is `nodev` (FUSE's default): device
+    /// nodes open on the view exactly when they open on the shared mount
+    /// (`-o dev`). Setuid bits never count on a view.
+    fn open(nodev: bool) -> Option<View> {
         // SAFETY: open(2) of a constant path.
         let dev = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         if dev < 0 {
@@ -88,7 +93,8 @@ impl View {
         // SAFETY: getegid cannot fail.
         let gid = unsafe { libc::getegid() };
         let opts = format!("fd={dev},rootmode=40000,user_id=0,group_id={gid},allow_other,default_permissions");
-        Some(View { dev, opts: CString::new(opts).expect("no NUL") })
+        let flags = libc::MS_NOSUID | if nodev { libc::MS_NODEV } else { 0 };
+        Some(View { dev, opts: CString::new(opts).expect("no NUL"), flags })
     }
 
     /// In the forked child: a mount namespace of its own, the view mounted
@@ -108,7 +114,7 @@ impl View {
                     c"txfs-view".as_ptr(),
                     point.as_ptr(),
                     c"fuse.txfs-view".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV,
+                    self.flags,
                     self.opts.as_ptr().cast(),
                 ) == 0
         }
@@ -174,10 +180,16 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
         dir.metadata().map(|m| m.dev()).ok()
     };
     let dir_fd = dir.as_raw_fd();
+    let nodev = {
+        // SAFETY: fstatvfs into a zeroed struct on our own descriptor.
+        let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
+        let failed = unsafe { libc::fstatvfs(dir_fd, &mut v) } != 0;
+        failed || v.f_flag & libc::ST_NODEV != 0
+    };
     let mut state_buf = [0u8; wire::State::SIZE];
     const NO_PIN: &[u8] = b"txfs run: cannot tell the daemon that the command may reach the shared mount\n";
     for attempt in 0..=retries {
-        let view = if want_view { View::open() } else { None };
+        let view = if want_view { View::open(nodev) } else { None };
         let mut go = [0i32; 2];
         let mut ready = [0i32; 2];
         // SAFETY: valid 2-element arrays.

@@ -349,8 +349,29 @@ fn kind(k: FileKind) -> FileType {
         FileKind::File => FileType::RegularFile,
         FileKind::Dir => FileType::Directory,
         FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
+        // A type Linux does not have today: nothing better to say.
         FileKind::Other => FileType::RegularFile,
     }
+}
+
+/// A device number as FUSE carries it (the kernel's 32-bit
+/// `new_encode_dev`: 12 bits of major, 20 of minor) from `st_rdev` as
+/// userspace has it (glibc's `makedev`). The two agree for every number
+/// that fits; a larger one cannot be told to the kernel whole.
+fn fuse_rdev(rdev: u64) -> u32 {
+    let (major, minor) = (libc::major(rdev as libc::dev_t) as u64, libc::minor(rdev as libc::dev_t) as u64);
+    ((minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)) as u32
+}
+
+/// `st_rdev` (glibc's `makedev`) from the device number a FUSE request
+/// carries (the kernel's `new_encode_dev`).
+fn dev_from_fuse(rdev: u32) -> u64 {
+    let (major, minor) = ((rdev & 0xfff00) >> 8, (rdev & 0xff) | ((rdev >> 12) & 0xfff00));
+    libc::makedev(major, minor) as u64
 }
 
 fn fattr(a: &Attr) -> FileAttr {
@@ -367,7 +388,7 @@ fn fattr(a: &Attr) -> FileAttr {
         nlink: a.nlink.min(u32::MAX as u64) as u32,
         uid: a.uid,
         gid: a.gid,
-        rdev: a.rdev as u32,
+        rdev: fuse_rdev(a.rdev),
         blksize: 4096,
         flags: 0,
     }
@@ -609,5 +630,30 @@ impl TxFs {
             fopen |= FopenFlags::FOPEN_NOFLUSH;
         }
         Ok((fh, fopen))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{dev_from_fuse, fuse_rdev};
+
+    /// FUSE's device numbers are the kernel's `new_encode_dev` (minor's low
+    /// byte, 12 bits of major, the rest of a 20-bit minor above them);
+    /// `st_rdev` is glibc's `makedev`. Every number that fits goes both ways.
+    #[test]
+    fn device_numbers_cross_fuse_both_ways() {
+        for (major, minor, wire) in [
+            (1u32, 3u32, 0x103u32),
+            (7, 200, 0x7c8),
+            (259, 0x12345, 0x1231_0345),
+            (0xfff, 0xfffff, 0xffff_ffff),
+            (0, 0, 0),
+        ] {
+            let dev = libc::makedev(major, minor) as u64;
+            assert_eq!(fuse_rdev(dev), wire, "{major}:{minor}");
+            assert_eq!(dev_from_fuse(wire), dev, "{major}:{minor}");
+        }
+        // A major past 12 bits cannot be told to the kernel whole.
+        assert_eq!(fuse_rdev(libc::makedev(0x1001, 5) as u64), fuse_rdev(libc::makedev(1, 5) as u64));
     }
 }

@@ -6,7 +6,7 @@
 //! may cache, and after the invalidation thread for anything that changed
 //! pages it may hold.
 
-use super::{errno, fattr, is_private, kind, stamp, Fs, TxFs, TTL};
+use super::{dev_from_fuse, errno, fattr, is_private, kind, stamp, Fs, TxFs, TTL};
 use crate::wire;
 use fuser::{
     Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig, LockOwner,
@@ -184,24 +184,32 @@ impl Filesystem for Fs {
         }
     }
 
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _rdev: u32,
-        reply: ReplyEntry,
-    ) {
+    /// `mknod(2)`, `mkfifo(3)` and `bind(2)` of a unix socket. The kernel
+    /// has already refused what Linux refuses before any file system is
+    /// asked (`vfs_mknod`: a directory EPERM, an unknown type EINVAL, a
+    /// device by a caller without `CAP_MKNOD` EPERM — but anyone's 0:0
+    /// whiteout): callers get exactly ext4's answers. The type checks are
+    /// made again so that no request reaches the engine with a kind it
+    /// does not make; the caller's capabilities are the kernel's to judge
+    /// (a check of its uid here would refuse a non-root caller holding
+    /// `CAP_MKNOD`, which ext4 lets make devices).
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         // Before reading: a reply may be cached only if the gate stayed open.
         let ticket = self.gate.ticket();
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            // Devices, fifos and sockets are not supported (README).
-            return reply.error(Errno::EPERM);
-        }
+        let kind = match mode & libc::S_IFMT {
+            // Linux: a type of 0 is a regular file.
+            0 => FileKind::File,
+            libc::S_IFDIR => return reply.error(Errno::EPERM),
+            t => match FileKind::from_mode(t) {
+                FileKind::Symlink | FileKind::Other => return reply.error(Errno::EINVAL),
+                k => k,
+            },
+        };
+        let rdev = if kind.is_device() { dev_from_fuse(rdev) } else { 0 };
         let tx = self.tx(req);
-        match self.engine.create(tx, self.obj(parent), name, mode & !umask, req.uid(), req.gid()) {
+        let mode = mode & !umask & 0o7777;
+        let (p, uid, gid) = (self.obj(parent), req.uid(), req.gid());
+        match self.engine.mknod(tx, p, name, kind, mode, rdev, uid, gid) {
             Ok(a) => {
                 let (node, fa) = self.entry_attr(tx, &a, parent);
                 self.view_saw(tx, None);

@@ -307,6 +307,16 @@ impl Mount {
         self.start();
     }
 
+    /// Starts the daemon again (unmounted cleanly first if it runs) with
+    /// these mount options (`-o`) instead of the ones it had.
+    pub fn restart_with_opts(&mut self, opts: &[&str]) {
+        if self.daemon.is_some() {
+            self.umount_clean();
+        }
+        self.opts = opts.iter().map(|s| s.to_string()).collect();
+        self.start();
+    }
+
     /// Forgets the environment given by `restart_with_env` (for the next start).
     pub fn clear_env(&mut self) {
         self.env.clear();
@@ -704,9 +714,23 @@ impl Drop for Agent {
 /// What a tree holds, for comparisons: relative path -> description.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
-    Dir { mode: u32 },
-    File { mode: u32, data: Vec<u8> },
-    Symlink { target: PathBuf },
+    Dir {
+        mode: u32,
+    },
+    File {
+        mode: u32,
+        data: Vec<u8>,
+    },
+    Symlink {
+        target: PathBuf,
+    },
+    /// A fifo, socket or device: its type (`S_IFMT` bits), mode and device
+    /// number (never opened: a fifo would block).
+    Special {
+        kind: u32,
+        mode: u32,
+        rdev: u64,
+    },
 }
 
 /// Every entry under `root` (not following symlinks), skipping `.txfs` at
@@ -731,6 +755,8 @@ pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, Entry> {
             } else if md.is_dir() {
                 out.insert(rel, Entry::Dir { mode });
                 walk(root, &p, out);
+            } else if !md.is_file() {
+                out.insert(rel, Entry::Special { kind: md.mode() & libc::S_IFMT, mode, rdev: md.rdev() });
             } else {
                 let data = std::fs::read(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
                 out.insert(rel, Entry::File { mode, data });
