@@ -316,6 +316,43 @@ fn a_punch_reads_the_size_and_conflicts_with_a_growth() {
     assert_eq!(content(&e, None, f), want);
 }
 
+/// Story: a transaction zeroes a small range past the end of a file while
+/// another grows the file and commits first: both commit (a small zero
+/// range is blind, like a write), and the zeros land over the other's bytes
+/// as the commit order says. A zero range of a GiB past the end reads the
+/// size instead of writing a GiB of zeros: it writes nothing, and it
+/// conflicts with such a growth.
+#[test]
+fn a_big_zero_range_past_the_end_reads_the_size_a_small_one_is_blind() {
+    let fs = Arc::new(MemFs::new());
+    let e = Engine::open(fs.clone(), opts()).unwrap();
+    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+    e.write(None, f, 0, &[7u8; 10_000]).unwrap();
+
+    let zeroer = e.begin();
+    e.fallocate(Some(zeroer), f, ZERO, 9000, 5000).unwrap();
+    e.write(None, f, 10_000, &[8u8; 2000]).unwrap();
+    e.commit(zeroer, Durability::Durable).expect("a small zero range reads nothing");
+    let mut want = vec![7u8; 9000];
+    want.resize(14_000, 0);
+    assert_eq!(content(&e, None, f), want);
+
+    let journal = e.stats().journal_bytes;
+    let zeroer = e.begin();
+    e.fallocate(Some(zeroer), f, ZERO, 13_000, 1 << 30).unwrap();
+    assert_eq!(data_bytes(&fs), 0, "no zero is written");
+    assert_eq!(e.getattr(Some(zeroer), f).unwrap().size, 13_000 + (1 << 30));
+    e.write(None, f, 14_000, b"grown").unwrap();
+    assert!(e.commit(zeroer, Durability::Durable).is_err(), "the size it read changed");
+    let zeroer = e.begin();
+    e.fallocate(Some(zeroer), f, ZERO, 13_000, 1 << 30).unwrap();
+    e.commit(zeroer, Durability::Durable).unwrap();
+    assert!(e.stats().journal_bytes - journal < 8192, "a GiB of zeros cost a record, not bytes");
+    want.resize(13_000 + (1 << 30), 0);
+    assert_eq!(e.getattr(None, f).unwrap().size, want.len() as u64);
+    assert_eq!(e.read(None, f, 0, 14_010).unwrap(), want[..14_010]);
+}
+
 /// Story: a transaction read the pages that a plain punch then zeroes: the
 /// plain punch succeeds at once, and the transaction loses at its commit
 /// (I4), as it would against a plain write of those pages.

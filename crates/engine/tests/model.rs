@@ -1549,7 +1549,8 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (path(), offset(), 1usize..40, 1u8..=255).prop_map(|(p, o, l, s)| Op::Write(p, o, l, s)),
         2 => (path(), 1usize..30, 1u8..=255).prop_map(|(p, l, s)| Op::Append(p, l, s)),
         2 => (path(), offset()).prop_map(|(p, n)| Op::Truncate(p, n)),
-        2 => (path(), falloc_mode(), offset(), prop_oneof![1u64..40, 1u64..13000])
+        // A MiB or more: a zero range that reaches the end reads the size.
+        2 => (path(), falloc_mode(), offset(), prop_oneof![4 => 1u64..40, 4 => 1u64..13000, 1 => (1u64 << 20)..(1 << 20) + 9000])
             .prop_map(|(p, m, o, l)| Op::Fallocate(p, m, o, l)),
         4 => (path(), offset(), prop_oneof![1usize..40, 4000usize..9000]).prop_map(|(p, o, l)| Op::Read(p, o, l)),
         2 => path().prop_map(Op::Unlink),

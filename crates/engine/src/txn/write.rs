@@ -417,9 +417,12 @@ impl State {
                     Ok((off, end))
                 }
             }
-            // Zeros and at least `end` bytes: blind (as a write) unless the
-            // size may be read for free.
-            Falloc::Zero if sized => {
+            // Zeros and at least `end` bytes: blind, as a write, unless the
+            // size may be read for free, or a range of a MiB or more reaches
+            // the end of the file as the transaction sees it: then it reads
+            // the size rather than write every zero of it (a downloader's
+            // gigabytes past the end cost a size, not gigabytes).
+            Falloc::Zero if sized || (len >= ZEROS.len() as u64 && end >= self.attr_unrecorded(Some(tx), o)?.size) => {
                 let size = self.attr(tx, o)?.size;
                 if off >= size {
                     self.extend(tx, o, end).and(nothing)
@@ -523,7 +526,9 @@ impl Engine {
     ///   `FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE`: the bytes of the
     ///   range that lie inside the file become zeros; reads the size.
     /// * `FALLOC_FL_ZERO_RANGE`: the range becomes zeros and the size at
-    ///   least `off + len`. Blind, like a write.
+    ///   least `off + len`. Blind, like a write, except that a range of a
+    ///   MiB or more that reaches the end of the file reads the size (its
+    ///   zeros past the end then cost nothing).
     ///
     /// Every mode sets mtime and ctime. Zeros that reach the end of the
     /// file cost no bytes (a cut); others are written as zero bytes, a MiB
