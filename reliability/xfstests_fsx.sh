@@ -5,9 +5,9 @@
 #
 #   reliability/xfstests_fsx.sh /path/to/fsx [NUMOPS]     (default 10000)
 #
-# Runs, for seeds 1-3: fsx outside any transaction (the default file size,
-# and 8 MiB files with 1 MiB operations), fsx inside `txfs run` (one
-# transaction, committed when fsx exits 0), and fsx on a folder of
+# Runs, for seeds 1-3: fsx outside any transaction and inside `txfs run`
+# (one transaction, committed when fsx exits 0), each with the default file
+# size and with 8 MiB files and 1 MiB operations; and fsx on a folder of
 # $TXFS_TEST_DIR (default /var/tmp). fsx checks every read against its own
 # copy of the file. After each run on the mount its file is copied as the
 # mount shows it (inside the run: still inside the transaction); after an
@@ -58,6 +58,8 @@ for seed in 1 2 3; do
     cp "$mnt/big$seed" "$work/copies/big$seed"
     run "mount-txfs-run-s$seed" "$TXFS" run --mount "$mnt" -- sh -c \
         "'$FSX' $FLAGS -S $seed -P '$work/logs' '$mnt/run$seed' && cp '$mnt/run$seed' '$work/copies/run$seed'"
+    run "mount-txfs-run-8MiB-s$seed" "$TXFS" run --mount "$mnt" -- sh -c \
+        "'$FSX' $FLAGS -S $seed -l 8388608 -o 1048576 -P '$work/logs' '$mnt/runbig$seed' && cp '$mnt/runbig$seed' '$work/copies/runbig$seed'"
     run "native-s$seed" "$FSX" $FLAGS -S $seed -P "$work/logs" "$native/plain$seed"
     run "native-8MiB-s$seed" "$FSX" $FLAGS -S $seed -l 8388608 -o 1048576 -P "$work/logs" "$native/big$seed"
 done
