@@ -23,8 +23,10 @@
 //!
 //! `truncate(t)` lowers `cut` to `t`, clips extents at `t` and sets
 //! `Exactly(t)`; `write(off, data)` adds an extent and raises the size
-//! bound. Neither needs `b`, so blind writes stay blind: two transactions
-//! writing different pages of one file do not read each other's size.
+//! bound; `extend(e)` raises the size bound alone (fallocate(2) mode 0:
+//! the bytes it adds are zeros, with no extent). None needs `b`, so blind
+//! writes stay blind: two transactions writing different pages of one
+//! file do not read each other's size.
 //! Composition keeps the same shape (proof in the comments of
 //! [`FileDelta::compose`]), and applying a delta twice gives the same
 //! result as applying it once — the property checkpoint replay relies on.
@@ -247,6 +249,18 @@ impl FileDelta {
         };
     }
 
+    /// Raises the size to at least `end` without reading it and without
+    /// bytes (fallocate(2) mode 0): whatever the size below turns out to
+    /// be, the bytes between it and `end` read as zeros (module docs: no
+    /// extent covers them, and they lie past `min(b, cut)`). A smaller
+    /// file grows; a bigger one keeps its size and bytes.
+    pub fn extend(&mut self, end: u64) {
+        self.size = match self.size {
+            SizeDelta::AtLeast(s) => SizeDelta::AtLeast(s.max(end)),
+            SizeDelta::Exactly(s) => SizeDelta::Exactly(s.max(end)),
+        };
+    }
+
     pub fn truncate(&mut self, t: u64) {
         self.cut = self.cut.min(t);
         self.ext.clip(t);
@@ -441,12 +455,14 @@ mod tests {
     enum Op {
         Write(u64, Vec<u8>),
         Truncate(u64),
+        Extend(u64),
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             (0u64..64, proptest::collection::vec(any::<u8>(), 1..24)).prop_map(|(o, d)| Op::Write(o, d)),
             (0u64..80).prop_map(Op::Truncate),
+            (0u64..90).prop_map(Op::Extend),
         ]
     }
 
@@ -465,12 +481,18 @@ mod tests {
                     model.resize(*t as usize, 0);
                     fd.truncate(*t);
                 }
+                Op::Extend(e) => {
+                    if model.len() < *e as usize {
+                        model.resize(*e as usize, 0);
+                    }
+                    fd.extend(*e);
+                }
             }
         }
     }
 
     proptest! {
-        /// A delta built from writes and truncates, laid over any content,
+        /// A delta built from writes, truncates and extensions, laid over any content,
         /// gives what applying the same operations to that content gives.
         #[test]
         fn file_delta_matches_model(below in proptest::collection::vec(any::<u8>(), 0..70),

@@ -248,6 +248,64 @@ fn a_file_past_the_backing_size_limit_is_refused_at_the_call() {
     e.close().unwrap();
 }
 
+/// errno of fallocate(`mode`, `off`, `len`) on a fresh file at `path`, or 0.
+fn native_fallocate(path: &Path, mode: i32, off: u64, len: u64) -> i32 {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::create(path).unwrap();
+    // SAFETY: our own descriptor.
+    match unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) } {
+        0 => 0,
+        _ => std::io::Error::last_os_error().raw_os_error().unwrap(),
+    }
+}
+
+/// Story: fallocate in every mode the engine does, ending just at and just
+/// past the backing's largest file size, plainly and in a transaction: the
+/// engine answers what the backing's own file system answers (ext4: the
+/// range may end at 16 TiB − 4 KiB, EFBIG past it, in every mode), and
+/// nothing refused is journaled.
+#[test]
+fn fallocate_at_the_backing_size_limit_answers_as_the_backing() {
+    let p = place();
+    let max = native_max_size(&p);
+    let e = open(&p);
+    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+    e.write(None, f, 0, b"0123456789").unwrap();
+    let keep = libc::FALLOC_FL_KEEP_SIZE;
+    let modes =
+        [0, keep, libc::FALLOC_FL_PUNCH_HOLE | keep, libc::FALLOC_FL_ZERO_RANGE, libc::FALLOC_FL_ZERO_RANGE | keep];
+    for mode in modes {
+        for (off, len) in [(max - 1, 1), (max, 1), (max - 4096, 8192), (1, max), (max, max)] {
+            let native = native_fallocate(&p.side.join("n"), mode, off, len);
+            if native != 0 && native != libc::EFBIG {
+                eprintln!("mode {mode:#x} at {off}+{len}: the backing answers errno {native}; not compared");
+                continue;
+            }
+            let journal = e.stats().journal_bytes;
+            let tx = e.begin();
+            let inside = e.fallocate(Some(tx), f, mode, off, len).map_err(|err| err.errno());
+            e.abort(tx).unwrap();
+            assert_eq!(inside.err().unwrap_or(0), native, "mode {mode:#x} at {off}+{len} in a transaction");
+            if native != 0 {
+                let plain = e.fallocate(None, f, mode, off, len).expect_err("refused natively");
+                assert_eq!(plain.errno(), native, "mode {mode:#x} at {off}+{len} plainly: {plain}");
+                assert_eq!(e.stats().journal_bytes, journal, "a refused fallocate was journaled");
+            }
+        }
+    }
+    e.fallocate(None, f, keep, max - 1, 1).expect("KEEP_SIZE up to the limit");
+    e.fallocate(None, f, libc::FALLOC_FL_PUNCH_HOLE | keep, 5, max - 5).expect("a punch up to the limit");
+    assert_eq!(e.getattr(None, f).unwrap().size, 10);
+    e.fallocate(None, f, 0, max - 1, 1).expect("mode 0 up to the limit");
+    e.checkpoint().expect("the checkpoint writes the sparse file");
+    e.close().unwrap();
+    let e = open(&p);
+    let f = e.resolve(None, Path::new("f")).unwrap();
+    assert_eq!(e.getattr(None, f).unwrap().size, max);
+    assert_eq!(e.read(None, f, 0, 10).unwrap(), b"01234\0\0\0\0\0");
+    e.close().unwrap();
+}
+
 /// Story: a user gives one file as many names as the backing allows
 /// (ext4: 65 000), in a transaction, and then one more, in the transaction
 /// and plainly: EMLINK at the call, as the backing answers. The names that

@@ -111,6 +111,8 @@ enum Op {
     Write(P, u64, usize, u8),
     Append(P, usize, u8),
     Truncate(P, u64),
+    /// fallocate(2): mode bits, offset, length.
+    Fallocate(P, i32, u64, u64),
     Read(P, u64, usize),
     Unlink(P),
     Rmdir(P),
@@ -137,6 +139,7 @@ impl std::fmt::Debug for Op {
             Op::Write(p, o, l, s) => write!(f, "write {} @{o} len {l} seed {s}", show(p)),
             Op::Append(p, l, s) => write!(f, "append {} len {l} seed {s}", show(p)),
             Op::Truncate(p, n) => write!(f, "truncate {} {n}", show(p)),
+            Op::Fallocate(p, m, o, l) => write!(f, "fallocate {} mode {m:#x} @{o} len {l}", show(p)),
             Op::Read(p, o, l) => write!(f, "read {} @{o} len {l}", show(p)),
             Op::Unlink(p) => write!(f, "unlink {}", show(p)),
             Op::Rmdir(p) => write!(f, "rmdir {}", show(p)),
@@ -460,6 +463,27 @@ impl Model {
                 self.file_mut(i)?.resize(*n as usize, 0);
                 Ok((Val::Unit, true))
             }
+            Op::Fallocate(p, mode, off, len) => {
+                // ext4: mode 0 and zero range grow the file, KEEP_SIZE
+                // never; punch and zero range zero what is inside it.
+                let i = self.walk(p)?;
+                let v = match &mut self.nodes.get_mut(&i).expect("model node").kind {
+                    Kind::File(v) => v,
+                    Kind::Dir(_) => return no(EISDIR),
+                    Kind::Symlink(_) => return no(libc::ENODEV),
+                };
+                let (off, end) = (*off as usize, (*off + *len) as usize);
+                if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && v.len() < end {
+                    v.resize(end, 0);
+                }
+                if mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0 {
+                    let to = end.min(v.len());
+                    if off < to {
+                        v[off..to].fill(0);
+                    }
+                }
+                Ok((Val::Unit, true))
+            }
             Op::Read(p, off, len) => {
                 let i = self.walk(p)?;
                 let v = self.file_mut(i)?;
@@ -775,6 +799,10 @@ fn run_op(e: &Engine, tx: Option<TxId>, op: &Op) -> txfs_engine::Result<Val> {
         Op::Append(p, len, seed) => Val::Off(e.append(tx, walk(e, tx, p)?, &bytes(*len, *seed))?),
         Op::Truncate(p, n) => {
             e.truncate(tx, walk(e, tx, p)?, *n)?;
+            Val::Unit
+        }
+        Op::Fallocate(p, mode, off, len) => {
+            e.fallocate(tx, walk(e, tx, p)?, *mode, *off, *len)?;
             Val::Unit
         }
         Op::Read(p, off, len) => Val::Data(e.read(tx, walk(e, tx, p)?, *off, *len)?),
@@ -1523,6 +1551,13 @@ fn offset() -> impl Strategy<Value = u64> {
     prop_oneof![0u64..16, 4080u64..4112, 8180u64..8200, 0u64..13000]
 }
 
+/// The fallocate modes the engine does.
+fn falloc_mode() -> impl Strategy<Value = i32> {
+    let keep = libc::FALLOC_FL_KEEP_SIZE;
+    let (punch, zero) = (libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE);
+    proptest::sample::select(vec![0, keep, punch | keep, zero, zero | keep])
+}
+
 fn mode() -> impl Strategy<Value = u32> {
     prop_oneof![
         4 => proptest::sample::select(&[0o600u32, 0o644, 0o755, 0o750][..]),
@@ -1543,6 +1578,9 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (path(), offset(), 1usize..40, 1u8..=255).prop_map(|(p, o, l, s)| Op::Write(p, o, l, s)),
         2 => (path(), 1usize..30, 1u8..=255).prop_map(|(p, l, s)| Op::Append(p, l, s)),
         2 => (path(), offset()).prop_map(|(p, n)| Op::Truncate(p, n)),
+        // A MiB or more: a zero range that reaches the end reads the size.
+        2 => (path(), falloc_mode(), offset(), prop_oneof![4 => 1u64..40, 4 => 1u64..13000, 1 => (1u64 << 20)..(1 << 20) + 9000])
+            .prop_map(|(p, m, o, l)| Op::Fallocate(p, m, o, l)),
         4 => (path(), offset(), prop_oneof![1usize..40, 4000usize..9000]).prop_map(|(p, o, l)| Op::Read(p, o, l)),
         2 => path().prop_map(Op::Unlink),
         2 => path().prop_map(Op::Rmdir),

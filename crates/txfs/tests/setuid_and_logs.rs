@@ -1,5 +1,5 @@
 //! Issue 23 on a shared (`allow_other`) mount: setuid and setgid bits go
-//! exactly when ext4 drops them — a write, truncation or chown by each kind
+//! exactly when ext4 drops them — a write, truncation, fallocate or chown by each kind
 //! of caller, in and out of transactions, compared with the same operation
 //! on a file of the real disk — and the daemon log is private.
 
@@ -36,6 +36,15 @@ elif op == "ftruncate":
     fd = os.open(path, os.O_WRONLY); os.ftruncate(fd, 3); os.close(fd)
 elif op == "otrunc":
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC); os.write(fd, b"z"); os.close(fd)
+elif op in ("fallocate", "fallocate-keep", "punch"):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    mode = {"fallocate": 0, "fallocate-keep": 1, "punch": 3}[op]
+    fd = os.open(path, os.O_RDWR)
+    if libc.fallocate(fd, mode, 1, 8192) != 0:
+        raise OSError(ctypes.get_errno(), "fallocate")
+    os.close(fd)
 elif op == "chown":
     os.chown(path, 65534, -1)
 elif op == "chgrp-self":
@@ -111,7 +120,19 @@ fn compare_with_ext4(m: &Mount, tx: &str) {
     let mut diffs = Vec::new();
     let mut n = 0;
     for who in [Caller::Root, Caller::Nobody, Caller::NobodyInGroup] {
-        for op in ["append", "pwrite", "empty-write", "truncate", "ftruncate", "otrunc", "chown", "chgrp-self"] {
+        for op in [
+            "append",
+            "pwrite",
+            "empty-write",
+            "truncate",
+            "ftruncate",
+            "otrunc",
+            "fallocate",
+            "fallocate-keep",
+            "punch",
+            "chown",
+            "chgrp-self",
+        ] {
             // Only root may give a file away; only the owner may chgrp it.
             let owner = match (op, who) {
                 ("chown", Caller::Root) => 0,

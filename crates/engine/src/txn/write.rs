@@ -29,6 +29,41 @@ use crate::log::files::{data_path, DataFile};
 use crate::storage::{FileKind, StoredFile};
 use std::sync::Arc;
 
+/// Zeros that fallocate writes as bytes, this many at a time.
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
+/// The modes of fallocate(2) the engine does ([`Engine::fallocate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Falloc {
+    /// Mode 0: the size grows to the range's end.
+    Allocate,
+    /// `FALLOC_FL_KEEP_SIZE`: nothing visible.
+    Reserve,
+    /// Punch hole or zero range with `FALLOC_FL_KEEP_SIZE`: zeros inside
+    /// the file.
+    ZeroInside,
+    /// Zero range: zeros, and the size grows to the range's end.
+    Zero,
+}
+
+impl Falloc {
+    /// The mode `bits` ask for, or `None` for EOPNOTSUPP. As Linux 6.17+
+    /// decides (`vfs_fallocate`): the modes are exclusive, punching needs
+    /// keep-size; collapse, insert, unshare and write-zeroes are not done
+    /// here (ext4 itself answers EOPNOTSUPP for the last two).
+    fn of(bits: i32) -> Option<Falloc> {
+        let keep = bits & libc::FALLOC_FL_KEEP_SIZE != 0;
+        match bits & !libc::FALLOC_FL_KEEP_SIZE {
+            0 if keep => Some(Falloc::Reserve),
+            0 => Some(Falloc::Allocate),
+            libc::FALLOC_FL_PUNCH_HOLE if keep => Some(Falloc::ZeroInside),
+            libc::FALLOC_FL_ZERO_RANGE if keep => Some(Falloc::ZeroInside),
+            libc::FALLOC_FL_ZERO_RANGE => Some(Falloc::Zero),
+            _ => None,
+        }
+    }
+}
+
 /// A rewrite gets a shadow once it reaches this far into the file: smaller
 /// files stay in the spill file (one sync for all of them at the commit,
 /// not one each, and no rename each at the checkpoint).
@@ -321,6 +356,87 @@ impl State {
         Ok(())
     }
 
+    /// Raises `o`'s size to at least `end` without reading it (fallocate
+    /// mode 0): the bytes it adds read as zeros. A staged file's data file
+    /// grows (sparse) with it, so that it stays all of the content.
+    fn extend(&mut self, tx: &mut Tx, o: ObjId, end: u64) -> Result<()> {
+        self.check_file_size("fallocate", o, end)?;
+        if let Some(&id) = tx.staged.get(&o) {
+            let df = self.data_files.get_mut(&id).ok_or(Error::Stale(o))?;
+            if end > df.len {
+                df.writer()?.set_len(end).ctx("fallocate", || data_path(id).display().to_string())?;
+                df.len = end;
+                tx.data_dirty = true;
+                tx.delta.obj(o).file = Some(FileDelta::staged(id, end));
+            }
+        } else {
+            tx.delta.obj(o).file.get_or_insert_with(FileDelta::default).extend(end);
+        }
+        Self::touch(tx, o, true);
+        Ok(())
+    }
+
+    /// What fallocate(2) does without zero bytes, under the lock: the
+    /// checks, the times, a size extension, zeros that reach the end of the
+    /// file (a cut: they cost no bytes). Returns the range that is left to
+    /// write as zero bytes (empty if none). `plain`: an operation outside a
+    /// transaction, which may read the size at no cost (it cannot
+    /// conflict), as may a transaction of a file it created.
+    fn fallocate(&mut self, tx: &mut Tx, o: ObjId, how: Falloc, off: u64, len: u64, plain: bool) -> Result<(u64, u64)> {
+        match self.kind_in(Some(tx), o)? {
+            FileKind::File => {}
+            FileKind::Dir => return Err(Error::posix("fallocate", o.to_string(), libc::EISDIR)),
+            _ => return Err(Error::posix("fallocate", o.to_string(), libc::ENODEV)),
+        }
+        // As the kernel: an end past what a file can hold (or past i64) is
+        // EFBIG in every mode, even one that changes no size.
+        let end = off
+            .checked_add(len)
+            .filter(|e| *e <= i64::MAX as u64)
+            .ok_or_else(|| Error::posix("fallocate", format!("{o} at {off}+{len}"), libc::EFBIG))?;
+        self.check_file_size("fallocate", o, end)?;
+        // ext4's `file_modified`: mtime and ctime in every mode.
+        Self::touch(tx, o, true);
+        let sized = plain || tx.delta.created.contains_key(&o);
+        let nothing = Ok((0, 0));
+        match how {
+            Falloc::Reserve => nothing,
+            Falloc::Allocate => self.extend(tx, o, end).and(nothing),
+            // Zeros inside the file only: the size is read (a transaction
+            // that punches a file another one grows conflicts with it).
+            Falloc::ZeroInside => {
+                let size = self.attr(tx, o)?.size;
+                if off >= size {
+                    nothing
+                } else if end >= size {
+                    // To the end: cut there and give the size back; the
+                    // bytes past the cut read as zeros.
+                    self.truncate(tx, o, off)?;
+                    self.truncate(tx, o, size).and(nothing)
+                } else {
+                    Ok((off, end))
+                }
+            }
+            // Zeros and at least `end` bytes: blind, as a write, unless the
+            // size may be read for free, or a range of a MiB or more reaches
+            // the end of the file as the transaction sees it: then it reads
+            // the size rather than write every zero of it (a downloader's
+            // gigabytes past the end cost a size, not gigabytes).
+            Falloc::Zero if sized || (len >= ZEROS.len() as u64 && end >= self.attr_unrecorded(Some(tx), o)?.size) => {
+                let size = self.attr(tx, o)?.size;
+                if off >= size {
+                    self.extend(tx, o, end).and(nothing)
+                } else if end >= size {
+                    self.truncate(tx, o, off)?;
+                    self.truncate(tx, o, end).and(nothing)
+                } else {
+                    Ok((off, end))
+                }
+            }
+            Falloc::Zero => Ok((off, end)),
+        }
+    }
+
     pub(super) fn truncate(&mut self, tx: &mut Tx, o: ObjId, size: u64) -> Result<()> {
         match self.kind_in(Some(tx), o)? {
             FileKind::File => {}
@@ -400,6 +516,62 @@ impl Engine {
         }
     }
 
+    /// fallocate(2) with Linux's `mode` bits, as ext4 answers it (SPEC §2):
+    ///
+    /// * `0`: the size becomes at least `off + len`; the bytes it adds read
+    ///   as zeros, no byte changes. Blind: nothing is read.
+    /// * `FALLOC_FL_KEEP_SIZE`: changes no byte and no size (nothing is
+    ///   reserved on the backing: see docs/LIMITS.md).
+    /// * `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`, and
+    ///   `FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE`: the bytes of the
+    ///   range that lie inside the file become zeros; reads the size.
+    /// * `FALLOC_FL_ZERO_RANGE`: the range becomes zeros and the size at
+    ///   least `off + len`. Blind, like a write, except that a range of a
+    ///   MiB or more that reaches the end of the file reads the size (its
+    ///   zeros past the end then cost nothing).
+    ///
+    /// Every mode sets mtime and ctime. Zeros that reach the end of the
+    /// file cost no bytes (a cut); others are written as zero bytes, a MiB
+    /// at a time, so the transaction's memory budget spills them like any
+    /// write. Errors: EINVAL for `len == 0` or a value past `i64::MAX`;
+    /// EOPNOTSUPP for any other mode (collapse, insert, unshare, write
+    /// zeroes, punch without keep-size, unknown bits); EISDIR, ENODEV for
+    /// what is no regular file; EFBIG for `off + len` past the largest file
+    /// the backing holds.
+    pub fn fallocate(&self, tx: Option<TxId>, o: ObjId, mode: i32, off: u64, len: u64) -> Result<()> {
+        if len == 0 || off > i64::MAX as u64 || len > i64::MAX as u64 {
+            return Err(Error::posix("fallocate", format!("{o} at {off}+{len}"), libc::EINVAL));
+        }
+        let how = Falloc::of(mode)
+            .ok_or_else(|| Error::posix("fallocate", format!("{o}: mode {mode:#x}"), libc::EOPNOTSUPP))?;
+        let write_zeros = |st: &mut State, t: &mut Tx, (from, to): (u64, u64)| -> Result<()> {
+            let mut at = from;
+            while at < to {
+                let n = (to - at).min(ZEROS.len() as u64) as usize;
+                st.write(t, o, at, &ZEROS[..n])?;
+                at += n as u64;
+            }
+            Ok(())
+        };
+        let Some(id) = tx else {
+            // One transaction, committed in the same lock hold as a plain
+            // write: past the memory budget its zeros go to the spill file.
+            return self.run(None, |st, t| {
+                let rest = st.fallocate(t, o, how, off, len, true)?;
+                write_zeros(st, t, rest)
+            });
+        };
+        let (mut at, to) = self.run(tx, |st, t| st.fallocate(t, o, how, off, len, false))?;
+        // A MiB at a time through the write path: its spilled copies run
+        // without the lock, as a big write's do.
+        while at < to {
+            let n = (to - at).min(ZEROS.len() as u64) as usize;
+            self.write(Some(id), o, at, &ZEROS[..n])?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
     /// Appends at the end of the file as this transaction sees it; returns
     /// the offset written at.
     pub fn append(&self, tx: Option<TxId>, o: ObjId, data: &[u8]) -> Result<u64> {
@@ -408,5 +580,32 @@ impl Engine {
             st.write(t, o, size, data)?;
             Ok(size)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::storage::MemFs;
+    use crate::{Engine, ObjId, Options};
+    use std::ffi::OsStr;
+    use std::sync::Arc;
+
+    /// A 64 MiB zero range in a transaction with a 1 MiB memory budget: by
+    /// the engine's own count (`Tx::mem_bytes`) the transaction never holds
+    /// more than its budget; the rest went to its spill file.
+    #[test]
+    fn a_big_zero_range_keeps_a_transaction_within_its_memory_budget() {
+        let opts = Options { spill_threshold: 1 << 20, flush_interval: None, ..Options::default() };
+        let e = Engine::open(Arc::new(MemFs::new()), opts).unwrap();
+        let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+        e.write(None, f, 0, &[1u8; 4096]).unwrap();
+        e.write(None, f, 80 << 20, &[2u8; 4096]).unwrap();
+        let tx = e.begin();
+        e.fallocate(Some(tx), f, libc::FALLOC_FL_ZERO_RANGE, 100, 64 << 20).unwrap();
+        let st = e.lock();
+        let t = &st.txs[&tx];
+        assert!(t.mem_bytes <= 1 << 20, "{} bytes in memory", t.mem_bytes);
+        let (_, spilled) = t.spill.expect("the zeros past the budget are in the spill file");
+        assert!(spilled >= 63 << 20, "{spilled} bytes spilled");
     }
 }

@@ -476,6 +476,49 @@ impl Filesystem for Fs {
         }
     }
 
+    /// fallocate(2): the kernel forwards only the modes FUSE knows
+    /// (keep-size, punch hole, zero range), after checking the mode, the
+    /// range, that the descriptor is open for writing and that the file is
+    /// regular; the engine answers the rest as ext4 does
+    /// (`Engine::fallocate`). Never ENOSYS: the kernel would stop asking
+    /// for good.
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let tx = self.tx_fh(req, fh);
+        let Some((o, _, _)) = self.handle_of(ino, fh, 0) else {
+            return reply.error(Errno::EBADF);
+        };
+        if self.handles.lock().get(&fh).is_some_and(|h| !h.writable) {
+            return reply.error(Errno::EBADF);
+        }
+        // ext4's `file_modified` drops setuid/setgid first, as a write's
+        // `file_remove_privs` does. The kernel already sent a SETATTR
+        // without setuid (and setgid with group-execute); setgid without
+        // group-execute for a caller outside the file's group is left to
+        // the daemon, as for a truncation (`kill_suidgid`).
+        if req.uid() != 0 {
+            if let Err(e) = self.kill_suidgid(req, tx, o) {
+                return reply.error(errno(&e));
+            }
+        }
+        match self.engine.fallocate(tx, o, mode, offset, length) {
+            Ok(()) => {
+                self.view_saw(tx, Some(o));
+                let inval = self.committed_now(tx, o);
+                self.after(inval, move || reply.ok())
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         // Nothing to do here (the kernel writes dirty pages back before it
         // asks); a view's kernel stops asking.
