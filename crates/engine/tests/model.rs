@@ -470,7 +470,7 @@ impl Model {
                 let v = match &mut self.nodes.get_mut(&i).expect("model node").kind {
                     Kind::File(v) => v,
                     Kind::Dir(_) => return no(EISDIR),
-                    Kind::Symlink(_) => return no(libc::ENODEV),
+                    Kind::Symlink(_) | Kind::Fifo => return no(libc::ENODEV),
                 };
                 let (off, end) = (*off as usize, (*off + *len) as usize);
                 if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && v.len() < end {
