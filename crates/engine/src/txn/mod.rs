@@ -228,9 +228,16 @@ impl Engine {
         self.lock().txs.iter().find(|(_, t)| t.delta.created.contains_key(&o)).map(|(id, _)| *id)
     }
 
-    /// The objects the live transaction `tx` created.
-    pub fn created_in(&self, tx: TxId) -> Vec<ObjId> {
-        self.lock().txs.get(&tx).map(|t| t.delta.created.keys().copied().collect()).unwrap_or_default()
+    /// Which of `objs` the live transaction `tx` created: by whichever of
+    /// the two sets is smaller.
+    pub fn created_among(&self, tx: TxId, objs: &std::collections::HashSet<ObjId>) -> Vec<ObjId> {
+        let st = self.lock();
+        let Some(t) = st.txs.get(&tx) else { return Vec::new() };
+        if t.delta.created.len() < objs.len() {
+            t.delta.created.keys().filter(|o| objs.contains(o)).copied().collect()
+        } else {
+            objs.iter().filter(|o| t.delta.created.contains_key(o)).copied().collect()
+        }
     }
 
     /// Dooms `tx` (it can only abort; its commit fails with a conflict):

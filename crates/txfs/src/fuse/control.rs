@@ -34,12 +34,16 @@ impl TxFs {
             },
             _ => return None,
         };
-        if s.paged.0.lock().is_empty() {
-            return None;
-        }
-        let mut nodes: Vec<INodeNo> = s.private.lock().of_tx.get(&tx).cloned().unwrap_or_default();
-        nodes.extend(self.engine.created_in(tx).into_iter().map(super::shared_id));
-        let nodes = s.paged.keep(nodes);
+        // Shared ids are object ids (`shared_id`).
+        let shared: std::collections::HashSet<txfs_engine::ObjId> = {
+            let paged = s.paged.0.lock();
+            if paged.is_empty() {
+                return None;
+            }
+            paged.iter().filter(|k| !super::is_private(**k)).map(|k| txfs_engine::ObjId(k.0)).collect()
+        };
+        let mut nodes = s.paged.keep(s.private.lock().of_tx.get(&tx).cloned().unwrap_or_default());
+        nodes.extend(self.engine.created_among(tx, &shared).into_iter().map(super::shared_id));
         (!nodes.is_empty()).then_some(nodes)
     }
 

@@ -125,7 +125,7 @@ struct SharedMount {
     passes: Mutex<HashMap<(TxId, ObjId, std::ffi::OsString), std::time::Instant>>,
     /// Paths below the mount point to look up as nobody's transaction
     /// (see [`healer`]).
-    healer: Mutex<std::sync::mpsc::Sender<Vec<PathBuf>>>,
+    healer: Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>,
 }
 
 /// What fuser serves: a [`TxFs`] shared with the replies sent later from
@@ -431,7 +431,10 @@ impl TxFs {
                 }
             })
             .expect("spawning the reaper thread");
-        let (heal_tx, heal_rx) = std::sync::mpsc::channel();
+        // Bounded: a transaction renaming directories in a loop must not
+        // grow the daemon; a heal left out only leaves others' `getcwd`
+        // failing until their next walk there.
+        let (heal_tx, heal_rx) = std::sync::mpsc::sync_channel(1024);
         let at = point.clone();
         std::thread::Builder::new()
             .name("txfs-healer".into())

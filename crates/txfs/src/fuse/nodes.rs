@@ -286,7 +286,7 @@ impl TxFs {
     /// takes the name back).
     pub(super) fn heal(&self, paths: Vec<PathBuf>) {
         if let (false, Some(s)) = (paths.is_empty(), self.shared_mount()) {
-            let _ = s.healer.lock().send(paths);
+            let _ = s.healer.lock().try_send(paths);
         }
     }
 
