@@ -231,3 +231,50 @@ fn a_directory_removed_after_begin_is_a_conflict_not_enoent() {
         let _ = e.abort(t1);
     }
 }
+
+/// Story (issue 24 review, found by an adversarial tester): since a
+/// transaction's rmdir removes a private kernel inode, a process that held
+/// the directory (a descriptor, a working directory) still reaches the
+/// engine through the shared one, and a plain mkdir there succeeded: the
+/// engine made a name in a removed directory, the checkpoint failed on it
+/// ("no such object") and the backing could no longer be mounted. Linux
+/// answers ENOENT in a removed directory; so does the engine now, for every
+/// way of making a name there (create, mkdir, symlink, mknod, link, rename
+/// into it), inside transactions and out, while the directory's own
+/// removal is still the transaction's (its view) or once committed.
+#[test]
+fn nothing_is_made_in_a_removed_directory() {
+    let fs = Arc::new(MemFs::new());
+    let e = Engine::open(fs.clone(), opts()).unwrap();
+    let d = e.mkdir(None, ObjId::ROOT, os("d"), 0o755, 0, 0).unwrap().obj;
+    let f = e.create(None, ObjId::ROOT, os("f"), 0o644, 0, 0).unwrap().obj;
+    e.checkpoint().unwrap();
+    let tries = |e: &Engine, tx: Option<TxId>| {
+        vec![
+            e.create(tx, d, os("a"), 0o644, 0, 0).map(|_| ()),
+            e.mkdir(tx, d, os("b"), 0o755, 0, 0).map(|_| ()),
+            e.symlink(tx, d, os("c"), os("f"), 0, 0).map(|_| ()),
+            e.link(tx, f, d, os("e")).map(|_| ()),
+            e.rename(tx, ObjId::ROOT, os("f"), d, os("g"), Default::default()),
+        ]
+    };
+    // The removal still the transaction's: in its view d is gone.
+    let t = e.begin();
+    e.rmdir(Some(t), ObjId::ROOT, os("d")).unwrap();
+    for (i, r) in tries(&e, Some(t)).into_iter().enumerate() {
+        assert_eq!(r.map_err(|e| e.errno()), Err(libc::ENOENT), "try {i} inside the removing transaction");
+    }
+    e.commit(t, Durability::Durable).unwrap();
+    // Committed: nobody makes anything there.
+    for (i, r) in tries(&e, None).into_iter().enumerate() {
+        assert_eq!(r.map_err(|e| e.errno()), Err(libc::ENOENT), "try {i} outside any transaction");
+    }
+    let u = e.begin();
+    for (i, r) in tries(&e, Some(u)).into_iter().enumerate() {
+        assert_eq!(r.map_err(|e| e.errno()), Err(libc::ENOENT), "try {i} in a later transaction");
+    }
+    e.abort(u).unwrap();
+    e.checkpoint().expect("the checkpoint has nothing it cannot apply");
+    drop(e);
+    Engine::open(fs, opts()).expect("the backing opens again");
+}

@@ -400,7 +400,7 @@ impl Engine {
     pub fn link(&self, tx: Option<TxId>, o: ObjId, parent: ObjId, name: &OsStr) -> Result<Attr> {
         self.run(tx, |st, t| {
             check_name(name)?;
-            st.expect_dir(t, parent)?;
+            st.expect_live_dir(t, parent)?;
             if st.kind_in(Some(t), o)? == FileKind::Dir {
                 return Err(Error::posix("link", format!("{o} is a directory"), libc::EPERM));
             }

@@ -62,7 +62,7 @@ impl State {
         rdev: u64,
     ) -> Result<Attr> {
         check_name(name)?;
-        self.expect_dir(tx, parent)?;
+        self.expect_live_dir(tx, parent)?;
         if reserved(parent, name) {
             return Err(Error::posix("create", format!("{META_DIR} is reserved for txfs"), libc::EPERM));
         }
@@ -163,7 +163,7 @@ impl State {
         check_name(from)?;
         check_name(to)?;
         self.expect_dir(tx, from_dir)?;
-        self.expect_dir(tx, to_dir)?;
+        self.expect_live_dir(tx, to_dir)?;
         if reserved(to_dir, to) || reserved(from_dir, from) {
             return Err(Error::posix("rename", format!("{META_DIR} is reserved for txfs"), libc::EPERM));
         }

@@ -286,6 +286,20 @@ impl State {
         }
     }
 
+    /// [`State::expect_dir`] for a directory something is made in: not one
+    /// removed in `tx`'s view (ENOENT, as Linux answers in a dead
+    /// directory). Reached through a descriptor or a working directory that
+    /// outlived its removal; the kernel no longer stops that itself, since
+    /// a transaction removes a private inode, not the one others hold. A
+    /// name made there could never be checkpointed.
+    pub(super) fn expect_live_dir(&mut self, tx: &mut Tx, o: ObjId) -> Result<()> {
+        self.expect_dir(tx, o)?;
+        if self.attr_unrecorded(Some(tx), o)?.nlink == 0 {
+            return Err(Error::posix("create", format!("{o} was removed"), libc::ENOENT));
+        }
+        Ok(())
+    }
+
     /// Refuses setting `name` to `value` on `o` if the backing could not
     /// hold the object's resulting attributes (issue 23: a namespace it does
     /// not know, a value or a set too big for it), with the errno the

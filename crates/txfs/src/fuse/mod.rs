@@ -185,7 +185,7 @@ fn end_tx(
     views: Option<&Mutex<HashMap<TxId, ViewLink>>>,
     tx: TxId,
     commit: Option<Durability>,
-) -> (Result<(), Error>, Vec<INodeNo>, Vec<PathBuf>) {
+) -> (Result<(), Error>, Vec<INodeNo>, Heal) {
     let (own, moved) = match private {
         Some(p) => {
             let mut p = p.lock();
@@ -217,16 +217,15 @@ fn end_tx(
     if let Some(v) = views.and_then(|v| v.lock().remove(&tx)) {
         v.end();
     }
-    // Directories the transaction removed or moved: their old paths and,
-    // now committed, their new ones (see `TxFs::heal`).
+    // Directories the transaction removed or moved, now committed: the
+    // shared dentries of their old names go, and their new names are
+    // looked up (see `TxFs::heal`), so that others follow the change.
     let heal = match &r {
-        Ok(()) if commit.is_some() => {
-            let new = moved.iter().filter_map(|(o, _)| engine.committed_dir_path(*o));
-            let mut all: Vec<PathBuf> = moved.iter().map(|(_, p)| p.clone()).chain(new).collect();
-            all.dedup();
-            all
-        }
-        _ => Vec::new(),
+        Ok(()) if commit.is_some() => Heal {
+            slots: moved.iter().map(|m| m.slot.clone()).collect(),
+            paths: moved.iter().filter_map(|m| engine.committed_dir_path(m.obj)).collect(),
+        },
+        _ => Heal::default(),
     };
     let Some(private) = private else { return (r, changed.into_iter().map(shared_id).collect(), heal) };
     let mut pages = all_ids(private, changed);
@@ -244,6 +243,15 @@ fn end_tx(
     }
     drop(p);
     (r, pages, heal)
+}
+
+/// What a commit that removed or moved directories leaves to do for
+/// others' kernel dentries: slots (parent node, name) whose shared dentry
+/// must leave the hash, then paths to look up (`TxFs::heal_after_commit`).
+#[derive(Default)]
+struct Heal {
+    slots: Vec<(INodeNo, std::ffi::OsString)>,
+    paths: Vec<PathBuf>,
 }
 
 fn invalidator(notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, jobs: std::sync::mpsc::Receiver<Deferred>) {
@@ -492,8 +500,36 @@ impl TxFs {
         let (private, views) = (s.map(|s| &*s.private), s.map(|s| &*s.views));
         let (r, pages, heal) = end_tx(&self.engine, private, self.shared_gate(), self.notifier(), views, tx, commit);
         self.txs.forget(tx);
-        self.heal(heal);
+        self.heal_after_commit(heal);
         (r, pages)
+    }
+
+    /// After a commit that removed or moved directories: on the
+    /// invalidation thread (before the commit's own reply, queued after
+    /// this), the shared dentries of their old names leave the kernel's
+    /// hash — a process whose working directory is a removed one then gets
+    /// ENOENT from `getcwd`, as on ext4, also below it — and the helper
+    /// looks their new names up, where a moved one's dentry goes.
+    fn heal_after_commit(&self, heal: Heal) {
+        let Some(s) = self.shared_mount() else { return };
+        if heal.slots.is_empty() && heal.paths.is_empty() {
+            return;
+        }
+        let (notifier, healer) = (s.notifier.clone(), s.healer.lock().clone());
+        let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+            if let Some(n) = notifier.get() {
+                for (parent, name) in &heal.slots {
+                    // ENOENT: the kernel has no dentry there.
+                    let _ = n.inval_entry(*parent, name);
+                }
+            }
+            if !heal.paths.is_empty() {
+                let _ = healer.try_send(heal.paths);
+            }
+        });
+        if let Err(std::sync::mpsc::SendError((_, job))) = s.invalidator.lock().send((Vec::new(), job)) {
+            job();
+        }
     }
 
     /// The shared mount's gate, also in a view: the gate a transaction

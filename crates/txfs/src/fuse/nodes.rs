@@ -95,12 +95,20 @@ pub(super) struct Private {
     pub(super) nlookup: HashMap<INodeNo, u64>,
     pub(super) next: u64,
     /// Directories each transaction removed or moved through a shared
-    /// parent, with the committed path they had: looked up again once it
-    /// commits, so that others' dentries (and `getcwd`) follow the change.
-    pub(super) moved: HashMap<TxId, Vec<(ObjId, PathBuf)>>,
+    /// parent: once it commits, others' dentries (and `getcwd`) must
+    /// follow the change (`end_tx`).
+    pub(super) moved: HashMap<TxId, Vec<Moved>>,
     /// Private ids of transactions that aborted: what their mappings still
     /// write back is dropped (`write`).
     pub(super) discard: std::collections::HashSet<INodeNo>,
+}
+
+/// A directory a transaction removed or moved, and the kernel's slot of
+/// the shared dentry it had: its parent's shared node id and its name.
+#[derive(Clone, Debug)]
+pub(super) struct Moved {
+    pub(super) obj: ObjId,
+    pub(super) slot: (INodeNo, std::ffi::OsString),
 }
 
 impl Private {
@@ -260,12 +268,11 @@ impl TxFs {
         let mut passes = s.passes.lock();
         if passes.remove(&key).is_some_and(|at| now.duration_since(at) < PASS_LIFE) {
             drop(passes);
-            let paths: Vec<(ObjId, PathBuf)> = victims
-                .iter()
-                .filter_map(|(p, n, o)| Some((*o, self.engine.committed_dir_path(self.obj(*p))?.join(n))))
-                .collect();
-            s.private.lock().moved.entry(t).or_default().extend(paths.iter().cloned());
-            return Some(paths.into_iter().map(|(_, p)| p).collect());
+            let moved = victims.iter().map(|(p, n, o)| Moved { obj: *o, slot: (*p, n.to_os_string()) });
+            s.private.lock().moved.entry(t).or_default().extend(moved);
+            let paths =
+                victims.iter().filter_map(|(p, n, _)| Some(self.engine.committed_dir_path(self.obj(*p))?.join(n)));
+            return Some(paths.collect());
         }
         passes.retain(|_, at| now.duration_since(*at) < PASS_LIFE);
         passes.insert(key, now);
