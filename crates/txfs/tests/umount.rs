@@ -151,3 +151,46 @@ fn a_file_opened_during_the_umount_is_not_cut_off() {
         std::fs::read_to_string(b.join("log"))
     );
 }
+
+/// Story: an administrator stops the daemon the way every FUSE file system
+/// is stopped: Ctrl-C on `txfs mount -f`, `systemctl stop` (SIGTERM), a
+/// closed terminal (SIGHUP). Like libfuse's file systems it must unmount,
+/// checkpoint and exit 0, leaving no dead mount ("Transport endpoint is
+/// not connected") behind.
+#[test]
+fn a_stop_signal_unmounts_checkpoints_and_exits_0() {
+    let mut m = Mount::new();
+    for (sig, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
+        // A committed transaction: it waits in the journal until a checkpoint.
+        m.begin().unwrap();
+        std::fs::write(m.path("f"), name).unwrap();
+        m.commit().unwrap();
+        let st = m.signal_daemon(sig, std::time::Duration::from_secs(30));
+        let st = st.unwrap_or_else(|| panic!("the daemon did not exit within 30 s of {name}"));
+        assert!(st.success(), "{name}: the daemon exited with {st}; log:\n{}", m.log_text());
+        assert!(!is_mounted(m.mnt()), "{name}: still mounted");
+        let md = std::fs::metadata(m.mnt());
+        assert!(md.is_ok(), "{name}: the mount point is not a plain directory again: {md:?}");
+        assert_eq!(std::fs::read_to_string(m.backing().join("f")).unwrap(), name, "{name}: checkpointed");
+        assert!(!m.backing().join(".txfs/daemon.pid").exists(), "{name}: daemon.pid left behind");
+        m.start();
+    }
+}
+
+/// Story: someone's shell sits in the mount when systemd stops the daemon.
+/// libfuse's file systems go anyway (the shell then gets ENOTCONN); so does
+/// txfs, after a short grace, and still checkpoints and exits 0.
+#[test]
+fn a_stop_signal_ends_the_mount_even_while_a_process_holds_it() {
+    let mut m = Mount::new();
+    std::fs::write(m.path("g"), "kept").unwrap();
+    let mut agent = Agent::spawn(m.mnt());
+    agent.ok("os.chdir(M)");
+    let st = m.signal_daemon(libc::SIGTERM, std::time::Duration::from_secs(30));
+    let st = st.expect("the daemon did not exit within 30 s of SIGTERM while a process held the mount");
+    assert!(st.success(), "the daemon exited with {st}; log:\n{}", m.log_text());
+    assert!(!is_mounted(m.mnt()), "still mounted");
+    assert_eq!(std::fs::read_to_string(m.backing().join("g")).unwrap(), "kept", "checkpointed");
+    let e = agent.run("os.listdir('.')");
+    assert!(e.is_err(), "the holder still reads a mount whose daemon exited: {e:?}");
+}

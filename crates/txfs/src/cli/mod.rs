@@ -61,6 +61,9 @@ enum Cmd {
         "  txfs mount -f -o allow_other /srv/data /mnt/data     # foreground, for systemd\n",
         "  mount -t fuse.txfs /srv/data /mnt/data               # once /sbin/mount.fuse.txfs -> txfs\n",
         "  fstab:  /srv/data  /mnt/data  fuse.txfs  defaults,allow_other  0 0\n\n",
+        "SIGINT, SIGTERM or SIGHUP to the daemon unmount (lazily), checkpoint and\n",
+        "exit 0, as for any FUSE file system; processes still in the mount get\n",
+        "ENOTCONN after 2 s.\n\n",
         "Exit status: 0 mounted (or, with -f, unmounted cleanly); 1 on any error.\n\n",
     ), after_long_help = concat!(
         "Examples:\n",
@@ -68,6 +71,9 @@ enum Cmd {
         "  txfs mount -f -o allow_other /srv/data /mnt/data     # foreground, for systemd\n",
         "  mount -t fuse.txfs /srv/data /mnt/data               # once /sbin/mount.fuse.txfs -> txfs\n",
         "  fstab:  /srv/data  /mnt/data  fuse.txfs  defaults,allow_other  0 0\n\n",
+        "SIGINT, SIGTERM or SIGHUP to the daemon unmount (lazily), checkpoint and\n",
+        "exit 0, as for any FUSE file system; processes still in the mount get\n",
+        "ENOTCONN after 2 s.\n\n",
         "Exit status: 0 mounted (or, with -f, unmounted cleanly); 1 on any error.\n\n",
      files_help!()))]
     Mount {

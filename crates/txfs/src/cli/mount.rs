@@ -37,6 +37,9 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     }
     init_logs();
     raise_nofile();
+    // Before any thread starts, so that every thread inherits the mask and
+    // only `stop_on_signals` ever sees them.
+    let stage = stop_signals::watch(backing.clone(), point.clone());
     let lock = lock_backing(&backing)?;
     std::fs::write(backing.join(".txfs/daemon.pid"), format!("{}\n", std::process::id()))
         .map_err(|e| format!("pid file: {e}"))?;
@@ -106,8 +109,12 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     // reply do not wake another CPU (on the machines measured, a round trip
     // takes half as long as over /dev/fuse).
     config.uring_threads = Some(knobs.mount_uring_threads());
+    // Held while mounting: a stop signal meanwhile waits for the mount.
+    let mut stage_now = stage.lock();
     let session = fuser::Session::new(fuse::Fs(Arc::new(txfs)), &point, &config)
         .map_err(|e| format!("mount {}: {e}", point.display()))?;
+    *stage_now = stop_signals::Stage::Mounted { engine: engine.clone(), device: stop_signals::device(&session)? };
+    drop(stage_now);
     let _ = notifier_slot.set(session.notifier());
     // Kernel caching while no transaction is live needs FUSE_NOTIFY_INC_EPOCH.
     let caching = gate.enable(session.notifier());
@@ -129,6 +136,176 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     let _ = std::fs::remove_file(backing.join(".txfs/daemon.pid"));
     drop(lock);
     Ok(())
+}
+
+/// SIGINT, SIGTERM and SIGHUP end the daemon as they end libfuse's file
+/// systems: the mount is detached (`umount2(MNT_DETACH)`, as `txfs umount`
+/// and `fusermount3 -u -z` do), the session ends, the daemon checkpoints
+/// on its way out (`destroy`) and exits 0. Nothing is left behind that
+/// answers "Transport endpoint is not connected".
+///
+/// NB: no thread of the daemon may make a syscall into its own mount (see
+/// `healer` in fuse/mod.rs): detaching walks only to the mount point, and
+/// whether the session has ended is read from a duplicate of the
+/// connection's `/dev/fuse` descriptor (POLLERR once the kernel ended it).
+mod stop_signals {
+    use super::mountinfo;
+    use parking_lot::Mutex;
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    use txfs_engine::Engine;
+
+    const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+    /// How long processes still holding the detached mount (a working
+    /// directory, an open file) may keep it before the connection is ended
+    /// under them, as libfuse's file systems end theirs at once.
+    const GRACE: Duration = Duration::from_secs(2);
+
+    pub enum Stage {
+        /// Recovering, not mounted yet: a signal ends the process.
+        Starting,
+        Mounted {
+            engine: Arc<Engine>,
+            device: Device,
+        },
+    }
+
+    /// A duplicate of the session's `/dev/fuse` descriptor.
+    pub struct Device(OwnedFd);
+
+    pub fn device<T: AsFd>(session: &T) -> Result<Device, String> {
+        session.as_fd().try_clone_to_owned().map(Device).map_err(|e| format!("/dev/fuse: {e}"))
+    }
+
+    impl Device {
+        /// The kernel has ended the connection (unmounted, or aborted).
+        fn ended(&self) -> bool {
+            use std::os::fd::AsRawFd;
+            let mut p = libc::pollfd { fd: self.0.as_raw_fd(), events: 0, revents: 0 };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, 0) };
+            n == 1 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0
+        }
+
+        fn wait_ended(&self, within: Duration) -> bool {
+            let t0 = Instant::now();
+            while !self.ended() {
+                if t0.elapsed() >= within {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            true
+        }
+    }
+
+    fn name(sig: libc::c_int) -> &'static str {
+        match sig {
+            libc::SIGINT => "SIGINT",
+            libc::SIGTERM => "SIGTERM",
+            _ => "SIGHUP",
+        }
+    }
+
+    /// Blocks the stop signals in this thread (and so in every thread it
+    /// starts afterwards) and starts the thread that waits for them.
+    pub fn watch(backing: PathBuf, point: PathBuf) -> Arc<Mutex<Stage>> {
+        // SAFETY: a sigset_t we own, filled by sigemptyset/sigaddset.
+        let set = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in SIGNALS {
+                libc::sigaddset(&mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            set
+        };
+        let stage = Arc::new(Mutex::new(Stage::Starting));
+        let st = stage.clone();
+        std::thread::Builder::new()
+            .name("txfs-signals".into())
+            .spawn(move || {
+                let mut sig = 0;
+                // SAFETY: a valid set, blocked in every thread.
+                while unsafe { libc::sigwait(&set, &mut sig) } != 0 {}
+                stop(name(sig), &backing, &point, &st);
+            })
+            .expect("spawning the signal thread");
+        stage
+    }
+
+    fn stop(sig: &str, backing: &Path, point: &Path, stage: &Mutex<Stage>) {
+        let stage = stage.lock();
+        let Stage::Mounted { engine, device } = &*stage else {
+            eprintln!("txfs mount: {sig} before {} was mounted: stopping", point.display());
+            std::process::exit(1);
+        };
+        tracing::info!("{sig}: unmounting {}", point.display());
+        // The connection's number, for fusectl, while the mount still shows.
+        let source = format!("txfs:{}", backing.display());
+        let conn = mountinfo::source_dev(&mountinfo::own(), &source).map(|d| libc::minor(d as libc::dev_t));
+        if let Err(e) = detach(point) {
+            tracing::warn!("detaching {}: {e}", point.display());
+        }
+        if device.wait_ended(GRACE) {
+            return; // The session ends; `destroy` checkpoints, then main exits.
+        }
+        // Still held (a working directory, an open file): end the connection
+        // as `txfs umount` does a stuck one; its holders get ENOTCONN.
+        tracing::info!("the detached mount is still in use after {GRACE:?}: ending its connection");
+        if let Some(conn) = conn {
+            let dir = Path::new("/sys/fs/fuse/connections");
+            if !dir.join(conn.to_string()).exists() {
+                // SAFETY: constant C strings.
+                unsafe {
+                    libc::mount(
+                        c"fusectl".as_ptr(),
+                        c"/sys/fs/fuse/connections".as_ptr(),
+                        c"fusectl".as_ptr(),
+                        0,
+                        std::ptr::null(),
+                    )
+                };
+            }
+            let _ = std::fs::write(dir.join(conn.to_string()).join("abort"), "1");
+        }
+        if device.wait_ended(GRACE) {
+            return;
+        }
+        // fusectl out of reach (not root): checkpoint here; exiting closes
+        // /dev/fuse, which ends the connection.
+        tracing::info!("cannot end the connection through fusectl: checkpointing and exiting");
+        if let Err(e) = engine.shutdown() {
+            tracing::error!("final checkpoint failed: {e}");
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
+
+    /// `umount2(point, MNT_DETACH)`, else (not root) `fusermount3 -u -z`.
+    fn detach(point: &Path) -> Result<(), String> {
+        let c = std::ffi::CString::new(point.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: a valid C string.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EPERM) {
+            let ok = std::process::Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(point)
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return Ok(());
+            }
+        }
+        Err(err.to_string())
+    }
 }
 
 /// Starts `txfs mount -f` in the background and waits until it serves.
