@@ -10,7 +10,9 @@
 mod common;
 
 use common::*;
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// Python for the agent: keep a marked descriptor of the mount root in `K`.
 const KEEP: &str = "K = os.open(M, os.O_RDONLY | os.O_DIRECTORY | os.O_DSYNC)";
@@ -193,4 +195,158 @@ fn a_stop_signal_ends_the_mount_even_while_a_process_holds_it() {
     assert_eq!(std::fs::read_to_string(m.backing().join("g")).unwrap(), "kept", "checkpointed");
     let e = agent.run("os.listdir('.')");
     assert!(e.is_err(), "the holder still reads a mount whose daemon exited: {e:?}");
+}
+
+/// A backing directory and a mount point for `txfs mount` in the
+/// background (the daemon is not the test's child); on drop, whatever is
+/// mounted there is detached and the daemon killed.
+struct Background {
+    tmp: tempfile::TempDir,
+}
+
+impl Background {
+    fn new() -> Background {
+        sweep_stale_mounts();
+        let tmp = tempfile::Builder::new().prefix(PREFIX).tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("b")).unwrap();
+        std::fs::create_dir(tmp.path().join("m")).unwrap();
+        Background { tmp }
+    }
+    fn b(&self) -> PathBuf {
+        self.tmp.path().join("b")
+    }
+    fn m(&self) -> PathBuf {
+        self.tmp.path().join("m")
+    }
+    fn txfs(&self, args: &[&str]) -> std::process::Output {
+        let mut c = Command::new(TXFS);
+        c.args(args).env("TXFS_LOG", "info");
+        let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let st = wait_timeout(&mut child, Duration::from_secs(60));
+        let out = child.wait_with_output().unwrap();
+        assert!(st.is_some(), "txfs {args:?} did not finish within 60 s: {}", String::from_utf8_lossy(&out.stderr));
+        out
+    }
+    fn mount(&self) -> std::process::Output {
+        let (b, m) = (self.b(), self.m());
+        self.txfs(&["mount", b.to_str().unwrap(), m.to_str().unwrap()])
+    }
+    fn daemon_pid(&self) -> i32 {
+        let p = std::fs::read_to_string(self.b().join(".txfs/daemon.pid")).expect("daemon.pid");
+        p.trim().parse().unwrap()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Ok(p) = std::fs::read_to_string(self.b().join(".txfs/daemon.pid")) {
+            if let Ok(pid) = p.trim().parse::<i32>() {
+                // SAFETY: plain kill(2); SIGCONT first in case a test stopped it.
+                unsafe {
+                    libc::kill(pid, libc::SIGCONT);
+                    libc::kill(pid, libc::SIGTERM);
+                }
+            }
+        }
+        let m = self.m();
+        wait_until(Duration::from_secs(10), || !is_mounted(&m));
+        if is_mounted(&m) {
+            let _ = Command::new("umount").arg("-l").arg(&m).status();
+        }
+    }
+}
+
+fn dead(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_or(true, |s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+}
+
+/// Story: the daemon was killed (OOM killer, kill -9): the mount point is
+/// left answering ENOTCONN. `txfs mount` (and so systemd's restart) must
+/// clear it and serve again, reporting success only once its own daemon
+/// answers — not because a line for the mount point is in mountinfo.
+#[test]
+fn mount_over_a_dead_mount_clears_it_and_serves() {
+    let t = Background::new();
+    let out = t.mount();
+    assert!(out.status.success(), "first mount: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(t.m().join("f"), "before").unwrap();
+    let pid = t.daemon_pid();
+    // SAFETY: plain kill(2) of the daemon.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(wait_until(Duration::from_secs(10), || dead(pid)), "the daemon did not die");
+    assert_eq!(errno_of(std::fs::metadata(t.m())), libc::ENOTCONN, "a dead mount");
+    let out = t.mount();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mount over the dead mount: {err}");
+    assert!(err.contains("dead txfs mount"), "says it cleared the dead mount: {err}");
+    let pid2 = t.daemon_pid();
+    assert_ne!(pid, pid2, "a new daemon");
+    assert_eq!(std::fs::read_to_string(t.m().join("f")).unwrap(), "before", "served by the new daemon");
+    let out = t.txfs(&["umount", t.m().to_str().unwrap()]);
+    assert!(out.status.success(), "umount: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!is_mounted(&t.m()));
+}
+
+/// Story: a second `txfs mount` of another backing on a mounted txfs mount
+/// point would hide the first (and one `txfs umount` would then remove
+/// both): refused, saying what is mounted there.
+#[test]
+fn mount_refuses_to_stack_on_a_txfs_mount() {
+    let t = Background::new();
+    assert!(t.mount().status.success());
+    let other = t.tmp.path().join("b2");
+    std::fs::create_dir(&other).unwrap();
+    let out = t.txfs(&["mount", other.to_str().unwrap(), t.m().to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "stacked a txfs mount on a txfs mount");
+    assert!(err.contains("txfs mount already") && err.contains("txfs umount"), "says why and how: {err}");
+    let tops = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let m = t.m();
+    let n = tops.lines().filter(|l| l.split(' ').nth(4) == m.to_str()).count();
+    assert_eq!(n, 1, "one mount at the mount point");
+    assert!(t.txfs(&["umount", m.to_str().unwrap()]).status.success());
+}
+
+/// Story: daemon.pid names a process that is no daemon (a stale file, a
+/// reused pid). `txfs umount` waits for the daemon that holds the backing,
+/// not for whatever process has that pid.
+#[test]
+fn umount_is_not_fooled_by_a_stale_pid_file() {
+    let mut m = Mount::new();
+    std::fs::write(m.path("f"), "x").unwrap();
+    let mut other = Command::new("sleep").arg("600").spawn().unwrap();
+    std::fs::write(m.backing().join(".txfs/daemon.pid"), format!("{}\n", other.id())).unwrap();
+    m.umount_clean();
+    let _ = other.kill();
+    let _ = other.wait();
+    assert_eq!(std::fs::read_to_string(m.backing().join("f")).unwrap(), "x");
+}
+
+/// Story: the daemon does not finish its final checkpoint (stopped, or
+/// hung). `txfs umount` must not exit 0 as if BACKING held the committed
+/// state: it gives up with an error naming the daemon.
+#[test]
+fn umount_exits_nonzero_when_it_gives_up_on_the_daemon() {
+    let mut m = Mount::new();
+    let pid = m.daemon_pid().unwrap() as i32;
+    // SAFETY: plain kill(2) of our child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let mut um = Command::new(TXFS)
+        .arg("umount")
+        .arg(m.mnt())
+        .env("TXFS_TEST_UMOUNT_WAIT_S", "3")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let st = wait_timeout(&mut um, Duration::from_secs(60));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let out = um.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let st = st.expect("txfs umount still waits for a stopped daemon after 60 s");
+    assert!(!st.success(), "txfs umount exited 0 without the daemon's checkpoint: {err}");
+    assert!(err.contains("gave up") && err.contains(&format!("pid {pid}")), "says why: {err}");
+    let st = m.signal_daemon(0, Duration::from_secs(30)).expect("the daemon exits once continued");
+    assert!(st.success(), "the daemon: {st}");
 }

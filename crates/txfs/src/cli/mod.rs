@@ -61,6 +61,9 @@ enum Cmd {
         "  txfs mount -f -o allow_other /srv/data /mnt/data     # foreground, for systemd\n",
         "  mount -t fuse.txfs /srv/data /mnt/data               # once /sbin/mount.fuse.txfs -> txfs\n",
         "  fstab:  /srv/data  /mnt/data  fuse.txfs  defaults,allow_other  0 0\n\n",
+        "Without -f, returns once the daemon's own connection answers. A dead txfs\n",
+        "mount at MOUNTPOINT (its daemon was killed: ENOTCONN) is detached first;\n",
+        "a live one is not mounted over.\n",
         "SIGINT, SIGTERM or SIGHUP to the daemon unmount (lazily), checkpoint and\n",
         "exit 0, as for any FUSE file system; processes still in the mount get\n",
         "ENOTCONN after 2 s.\n\n",
@@ -71,6 +74,9 @@ enum Cmd {
         "  txfs mount -f -o allow_other /srv/data /mnt/data     # foreground, for systemd\n",
         "  mount -t fuse.txfs /srv/data /mnt/data               # once /sbin/mount.fuse.txfs -> txfs\n",
         "  fstab:  /srv/data  /mnt/data  fuse.txfs  defaults,allow_other  0 0\n\n",
+        "Without -f, returns once the daemon's own connection answers. A dead txfs\n",
+        "mount at MOUNTPOINT (its daemon was killed: ENOTCONN) is detached first;\n",
+        "a live one is not mounted over.\n",
         "SIGINT, SIGTERM or SIGHUP to the daemon unmount (lazily), checkpoint and\n",
         "exit 0, as for any FUSE file system; processes still in the mount get\n",
         "ENOTCONN after 2 s.\n\n",
@@ -101,7 +107,7 @@ enum Cmd {
     /// BACKING and exited: afterwards BACKING holds exactly the committed
     /// state as plain files. Live transactions are aborted.
     #[command(
-        after_help = "Example:\n  txfs umount /mnt/data\n\nExit status: 0 unmounted; 1 not a txfs mount, or busy."
+        after_help = "Example:\n  txfs umount /mnt/data\n\nExit status: 0 unmounted and checkpointed; 1 not a txfs mount, busy, or\nthe daemon still held BACKING/.txfs/lock 600 s after the unmount."
     )]
     Umount { mountpoint: PathBuf },
     /// Live transactions, journal use and counters of a mount.
@@ -331,7 +337,14 @@ pub(crate) fn lock_backing(backing: &Path) -> Result<std::fs::File, String> {
         .map_err(|e| format!("{}: {e}", meta.join("lock").display()))?;
     // SAFETY: flock on a valid fd.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(format!("{} is in use (mounted, or being recovered)", backing.display()));
+        let source = format!("txfs:{}", backing.display());
+        let at = crate::attribution::mountinfo::entries(&crate::attribution::mountinfo::own())
+            .find(|m| m.source == source)
+            .map(|m| m.point);
+        return Err(match at {
+            Some(p) => format!("{} is in use: mounted at {}", backing.display(), p.display()),
+            None => format!("{} is in use (by a daemon starting or stopping, or txfs recover)", backing.display()),
+        });
     }
     Ok(f)
 }

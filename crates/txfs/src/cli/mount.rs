@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::fuse;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use txfs_engine::storage::RealFs;
 use txfs_engine::{Engine, Options};
 
@@ -31,7 +31,7 @@ fn raise_nofile() {
 
 pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> Result<(), String> {
     let backing = backing.canonicalize().map_err(|e| format!("{}: {e}", backing.display()))?;
-    let point = point.canonicalize().map_err(|e| format!("{}: {e}", point.display()))?;
+    let point = mount_point(point)?;
     if !foreground {
         return daemonize(&backing, &point, options);
     }
@@ -41,8 +41,7 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     // only `stop_on_signals` ever sees them.
     let stage = stop_signals::watch(backing.clone(), point.clone());
     let lock = lock_backing(&backing)?;
-    std::fs::write(backing.join(".txfs/daemon.pid"), format!("{}\n", std::process::id()))
-        .map_err(|e| format!("pid file: {e}"))?;
+    let pid_file = PidFile::write(&backing)?;
     let knobs = Arc::new(Config::from_env());
     let storage = RealFs::open(&backing).map_err(|e| format!("{}: {e}", backing.display()))?;
     #[cfg(any(feature = "testing", debug_assertions))]
@@ -115,6 +114,8 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
         .map_err(|e| format!("mount {}: {e}", point.display()))?;
     *stage_now = stop_signals::Stage::Mounted { engine: engine.clone(), device: stop_signals::device(&session)? };
     drop(stage_now);
+    // The kernel's INIT is answered: requests queue until `run` serves them.
+    sd_notify("READY=1");
     let _ = notifier_slot.set(session.notifier());
     // Kernel caching while no transaction is live needs FUSE_NOTIFY_INC_EPOCH.
     let caching = gate.enable(session.notifier());
@@ -133,7 +134,7 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     tracing::info!(backing = %backing.display(), mountpoint = %point.display(), "serving");
     session.run().map_err(|e| format!("FUSE session: {e}"))?;
     tracing::info!("unmounted");
-    let _ = std::fs::remove_file(backing.join(".txfs/daemon.pid"));
+    drop(pid_file);
     drop(lock);
     Ok(())
 }
@@ -245,6 +246,7 @@ mod stop_signals {
             std::process::exit(1);
         };
         tracing::info!("{sig}: unmounting {}", point.display());
+        super::sd_notify("STOPPING=1");
         // The connection's number, for fusectl, while the mount still shows.
         let source = format!("txfs:{}", backing.display());
         let conn = mountinfo::source_dev(&mountinfo::own(), &source).map(|d| libc::minor(d as libc::dev_t));
@@ -279,7 +281,9 @@ mod stop_signals {
         // fusectl out of reach (not root): checkpoint here; exiting closes
         // /dev/fuse, which ends the connection.
         tracing::info!("cannot end the connection through fusectl: checkpointing and exiting");
-        if let Err(e) = engine.shutdown() {
+        let r = engine.shutdown();
+        let _ = std::fs::remove_file(backing.join(".txfs/daemon.pid"));
+        if let Err(e) = r {
             tracing::error!("final checkpoint failed: {e}");
             std::process::exit(1);
         }
@@ -308,18 +312,132 @@ mod stop_signals {
     }
 }
 
-/// Starts `txfs mount -f` in the background and waits until it serves.
+/// BACKING/.txfs/daemon.pid while the daemon runs: removed on every way
+/// out, so that a pid left there names no process that is not a daemon.
+struct PidFile(std::path::PathBuf);
+
+impl PidFile {
+    fn write(backing: &Path) -> Result<PidFile, String> {
+        let p = backing.join(".txfs/daemon.pid");
+        std::fs::write(&p, format!("{}\n", std::process::id())).map_err(|e| format!("{}: {e}", p.display()))?;
+        Ok(PidFile(p))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Tells `$NOTIFY_SOCKET` (systemd's `Type=notify`, or `txfs mount`
+/// waiting for its daemon) `msg`, as sd_notify(3) does.
+fn sd_notify(msg: &str) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let b = path.as_bytes();
+    let addr = match b.strip_prefix(b"@") {
+        Some(name) => SocketAddr::from_abstract_name(name),
+        None => SocketAddr::from_pathname(&path),
+    };
+    let sent = addr.and_then(|a| UnixDatagram::unbound()?.send_to_addr(msg.as_bytes(), &a));
+    if let Err(e) = sent {
+        tracing::warn!("telling NOTIFY_SOCKET {msg}: {e}");
+    }
+}
+
+/// MOUNTPOINT, canonical. A dead txfs mount there (its daemon died: every
+/// access fails with ENOTCONN) is detached first, as `fusermount3 -u -z`
+/// would; a dead mount of another file system is left to its owner, and a
+/// live txfs mount is not stacked on.
+fn mount_point(point: &Path) -> Result<std::path::PathBuf, String> {
+    let shown = point.display();
+    if let Err(e) = std::fs::metadata(point) {
+        if e.raw_os_error() != Some(libc::ENOTCONN) {
+            return Err(format!("{shown}: {e}"));
+        }
+        // The path up to the dead mount is alive: resolve it without it.
+        let name = point.file_name().ok_or_else(|| format!("{shown}: {e}"))?;
+        let parent = match point.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        let abs = parent.canonicalize().map_err(|e| format!("{}: {e}", parent.display()))?.join(name);
+        let top = mountinfo::entries(&mountinfo::own()).filter(|m| m.point == abs).last();
+        let Some(top) = top else { return Err(format!("{shown}: {e}")) };
+        let ours = top.fstype == mountinfo::FSTYPE || top.source.starts_with("txfs:");
+        if !ours {
+            return Err(format!(
+                "{}: a dead {} mount (its daemon exited: {e}); detach it first: fusermount3 -u -z {}",
+                abs.display(),
+                top.fstype,
+                abs.display()
+            ));
+        }
+        let c = std::ffi::CString::new(abs.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: a valid C string.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+            let err = std::io::Error::last_os_error();
+            let ok = std::process::Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&abs)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                return Err(format!(
+                    "{}: a dead txfs mount (its daemon exited) that cannot be detached ({err}): fusermount3 -u -z {}",
+                    abs.display(),
+                    abs.display()
+                ));
+            }
+        }
+        eprintln!("txfs mount: detached a dead txfs mount at {} ({})", abs.display(), top.source);
+    }
+    let point = point.canonicalize().map_err(|e| format!("{shown}: {e}"))?;
+    if let Some(m) = mountinfo::entries(&mountinfo::own())
+        .filter(|m| m.point == point && (m.fstype == mountinfo::FSTYPE || m.source.starts_with("txfs:")))
+        .last()
+    {
+        return Err(format!(
+            "{} is a txfs mount already ({}): mounting another on top would hide it; txfs umount {} first",
+            point.display(),
+            m.source,
+            point.display()
+        ));
+    }
+    Ok(point)
+}
+
+/// Starts `txfs mount -f` in the background and returns once its own
+/// connection answers: the daemon tells it so once the kernel's INIT is
+/// answered (sd_notify's READY=1 on a socket of our own), and a stat of
+/// the mount point, served by the daemon, shows the device of its mount.
 fn daemonize(backing: &Path, point: &Path, options: &[String]) -> Result<(), String> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
     std::fs::create_dir_all(backing.join(".txfs")).map_err(|e| format!("{}: {e}", backing.display()))?;
     let log_path = backing.join(".txfs/daemon.log");
     let log = open_log(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    // Only this start's lines are shown if it fails.
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let name = format!("txfs-mount-{}-{nanos}", std::process::id());
+    let ready = SocketAddr::from_abstract_name(name.as_bytes())
+        .and_then(|a| UnixDatagram::bind_addr(&a))
+        .map_err(|e| format!("readiness socket: {e}"))?;
+    ready.set_read_timeout(Some(Duration::from_millis(20))).map_err(|e| format!("readiness socket: {e}"))?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("mount").arg(backing).arg(point).arg("-f");
     for o in options {
         cmd.arg("-o").arg(o);
     }
+    cmd.env("NOTIFY_SOCKET", format!("@{name}"));
     cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(log);
     // SAFETY: setsid is async-signal-safe.
     unsafe {
@@ -329,23 +447,47 @@ fn daemonize(backing: &Path, point: &Path, options: &[String]) -> Result<(), Str
         });
     }
     let mut child = cmd.spawn().map_err(|e| format!("starting the daemon: {e}"))?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if mountinfo::find(point).is_some() {
-            return Ok(());
+    let failed = |why: String| {
+        use std::io::{Read, Seek};
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(&log_path) {
+            let _ = f.seek(std::io::SeekFrom::Start(log_start));
+            let _ = f.take(1 << 20).read_to_string(&mut text);
+        }
+        let tail: Vec<&str> = text.lines().rev().take(8).collect();
+        let tail = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+        format!("{why}; its log ({}):\n{tail}", log_path.display())
+    };
+    // Recovery may take long: wait as long as the daemon lives.
+    let mut buf = [0u8; 256];
+    loop {
+        if let Ok(n) = ready.recv(&mut buf) {
+            if buf[..n].split(|&c| c == b'\n').any(|l| l == b"READY=1") {
+                break;
+            }
         }
         if let Ok(Some(st)) = child.try_wait() {
-            let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-            return Err(format!(
-                "the daemon exited ({st}); last log lines ({}):\n{}",
-                log_path.display(),
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            ));
+            return Err(failed(format!("the daemon exited ({st}) before serving {}", point.display())));
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    Err(format!("{} did not appear as a mount within 60 s (see {})", point.display(), log_path.display()))
+    // Served by the daemon (it answers this stat), and its mount is the one there.
+    let source = format!("txfs:{}", backing.display());
+    let answer = std::fs::metadata(point).map_err(|e| e.to_string()).and_then(|m| {
+        let ours =
+            mountinfo::entries(&mountinfo::own()).any(|e| e.point == point && e.source == source && e.dev() == m.dev());
+        if ours {
+            Ok(())
+        } else {
+            Err(format!("another file system answers there (device {:#x})", m.dev()))
+        }
+    });
+    if let Err(e) = answer {
+        // SAFETY: our child, not reaped: it unmounts and exits on SIGTERM.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        return Err(failed(format!("{} does not answer as the daemon's mount: {e}", point.display())));
+    }
+    Ok(())
 }
 
 /// The daemon log, for appending, readable by root only: it names paths
