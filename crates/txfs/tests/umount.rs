@@ -350,3 +350,53 @@ fn umount_exits_nonzero_when_it_gives_up_on_the_daemon() {
     let st = m.signal_daemon(0, Duration::from_secs(30)).expect("the daemon exits once continued");
     assert!(st.success(), "the daemon: {st}");
 }
+
+/// Story: a typo or a bad idea in the mount command. A mount point equal
+/// to, inside or above the backing directory makes the daemon serve its own
+/// mount (accesses hang until the connection is aborted) or hides the
+/// backing; a backing inside a txfs mount puts a journal on a journal. Each
+/// is refused before anything is mounted, saying what is wrong.
+#[test]
+fn mount_refuses_dangerous_layouts() {
+    let t = Background::new();
+    let (b, m) = (t.b(), t.m());
+    std::fs::create_dir(b.join("sub")).unwrap();
+    let cases = [
+        (b.clone(), b.clone(), "is the backing directory"),
+        (b.clone(), b.join("sub"), "inside the backing directory"),
+        (b.join("sub"), b.clone(), "inside the mount point"),
+    ];
+    for (backing, point, says) in cases {
+        let out = t.txfs(&["mount", backing.to_str().unwrap(), point.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "mounted {} at {}", backing.display(), point.display());
+        assert!(err.contains(says), "{} at {}: says why: {err}", backing.display(), point.display());
+        assert!(!is_mounted(&point), "{} got mounted", point.display());
+    }
+    assert!(t.mount().status.success());
+    std::fs::create_dir(m.join("inner")).unwrap();
+    let m2 = t.tmp.path().join("m2");
+    std::fs::create_dir(&m2).unwrap();
+    let out = t.txfs(&["mount", "-f", m.join("inner").to_str().unwrap(), m2.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted a backing inside a txfs mount");
+    assert!(err.contains("inside the txfs mount"), "says why: {err}");
+    assert!(!is_mounted(&m2));
+    assert!(t.txfs(&["umount", m.to_str().unwrap()]).status.success());
+}
+
+/// Story: `txfs check /srv/dta` (a typo) must not report a healthy
+/// backing, and `txfs recover` of it must not make it one.
+#[test]
+fn check_and_recover_refuse_a_directory_that_is_not_a_backing() {
+    let t = Background::new();
+    let plain = t.b();
+    std::fs::write(plain.join("file"), "x").unwrap();
+    for sub in ["check", "recover"] {
+        let out = t.txfs(&[sub, plain.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "txfs {sub} of a plain directory exited 0");
+        assert!(err.contains("not a txfs backing"), "txfs {sub} says why: {err}");
+        assert!(!plain.join(".txfs").exists(), "txfs {sub} created .txfs/");
+    }
+}

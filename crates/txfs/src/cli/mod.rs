@@ -63,7 +63,8 @@ enum Cmd {
         "  fstab:  /srv/data  /mnt/data  fuse.txfs  defaults,allow_other  0 0\n\n",
         "Without -f, returns once the daemon's own connection answers. A dead txfs\n",
         "mount at MOUNTPOINT (its daemon was killed: ENOTCONN) is detached first;\n",
-        "a live one is not mounted over.\n",
+        "a live one is not mounted over. Refused: MOUNTPOINT equal to, inside or\n",
+        "above BACKING, and BACKING inside a txfs mount.\n",
         "SIGINT, SIGTERM or SIGHUP to the daemon unmount (lazily), checkpoint and\n",
         "exit 0, as for any FUSE file system; processes still in the mount get\n",
         "ENOTCONN after 2 s.\n\n",
@@ -76,7 +77,8 @@ enum Cmd {
         "  fstab:  /srv/data  /mnt/data  fuse.txfs  defaults,allow_other  0 0\n\n",
         "Without -f, returns once the daemon's own connection answers. A dead txfs\n",
         "mount at MOUNTPOINT (its daemon was killed: ENOTCONN) is detached first;\n",
-        "a live one is not mounted over.\n",
+        "a live one is not mounted over. Refused: MOUNTPOINT equal to, inside or\n",
+        "above BACKING, and BACKING inside a txfs mount.\n",
         "SIGINT, SIGTERM or SIGHUP to the daemon unmount (lazily), checkpoint and\n",
         "exit 0, as for any FUSE file system; processes still in the mount get\n",
         "ENOTCONN after 2 s.\n\n",
@@ -176,12 +178,12 @@ enum Cmd {
         "Example:\n  txfs recover /srv/data && rsync -a /srv/data/ backup/\n\n",
         "A progress line goes to stderr when it is a terminal, or with --progress.\n",
         "Exit status: 0 recovered; 1 on error (damage before the journal's tail,\n",
-        "BACKING in use by a mount).\n\n",
+        "BACKING in use by a mount, BACKING not a txfs backing: no .txfs/).\n\n",
     ), after_long_help = concat!(
         "Example:\n  txfs recover /srv/data && rsync -a /srv/data/ backup/\n\n",
         "A progress line goes to stderr when it is a terminal, or with --progress.\n",
         "Exit status: 0 recovered; 1 on error (damage before the journal's tail,\n",
-        "BACKING in use by a mount).\n\n",
+        "BACKING in use by a mount, BACKING not a txfs backing: no .txfs/).\n\n",
      files_help!()))]
     Recover {
         backing: PathBuf,
@@ -197,11 +199,13 @@ enum Cmd {
     #[command(after_help = concat!(
         "Example:\n  txfs check /srv/data || echo damaged\n\n",
         "A progress line goes to stderr when it is a terminal, or with --progress.\n",
-        "Exit status: 0 no damage (a torn tail is not damage); 1 damage or error.\n\n",
+        "Exit status: 0 no damage (a torn tail is not damage); 1 damage or error\n",
+        "(also: BACKING is not a txfs backing, it has no .txfs/).\n\n",
     ), after_long_help = concat!(
         "Example:\n  txfs check /srv/data || echo damaged\n\n",
         "A progress line goes to stderr when it is a terminal, or with --progress.\n",
-        "Exit status: 0 no damage (a torn tail is not damage); 1 damage or error.\n\n",
+        "Exit status: 0 no damage (a torn tail is not damage); 1 damage or error\n",
+        "(also: BACKING is not a txfs backing, it has no .txfs/).\n\n",
      files_help!()))]
     Check {
         backing: PathBuf,
@@ -347,6 +351,22 @@ pub(crate) fn lock_backing(backing: &Path) -> Result<std::fs::File, String> {
         });
     }
     Ok(f)
+}
+
+/// Refuses a directory that holds no txfs state (no `.txfs/`): `check`
+/// and `recover` of a wrong path must not succeed silently, nor create it.
+pub(crate) fn require_backing(backing: &Path) -> Result<(), String> {
+    if !backing.is_dir() {
+        return Err(format!("{}: not a directory", backing.display()));
+    }
+    if !backing.join(txfs_engine::META_DIR).is_dir() {
+        return Err(format!(
+            "{}: not a txfs backing directory (it has no {}/; txfs mount makes one)",
+            backing.display(),
+            txfs_engine::META_DIR
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn open_engine(backing: &Path, opts: Options) -> Result<Engine, String> {

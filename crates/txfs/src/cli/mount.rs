@@ -32,6 +32,7 @@ fn raise_nofile() {
 pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String]) -> Result<(), String> {
     let backing = backing.canonicalize().map_err(|e| format!("{}: {e}", backing.display()))?;
     let point = mount_point(point)?;
+    check_layout(&backing, &point)?;
     if !foreground {
         return daemonize(&backing, &point, options);
     }
@@ -409,6 +410,40 @@ fn mount_point(point: &Path) -> Result<std::path::PathBuf, String> {
         ));
     }
     Ok(point)
+}
+
+/// Refuses layouts in which the daemon would reach its own mount through
+/// BACKING (every access there would wait on a request it serves itself),
+/// or hide BACKING under the mount, or keep its journal on a txfs mount.
+/// Both paths are canonical.
+fn check_layout(backing: &Path, point: &Path) -> Result<(), String> {
+    let (b, p) = (backing.display(), point.display());
+    if point == backing {
+        return Err(format!("{p}: the mount point is the backing directory; mount it elsewhere"));
+    }
+    if point.starts_with(backing) {
+        return Err(format!(
+            "{p} is inside the backing directory {b}: the mount would serve itself (accesses there hang); \
+             choose a mount point outside {b}"
+        ));
+    }
+    if backing.starts_with(point) {
+        return Err(format!(
+            "the backing directory {b} is inside the mount point {p}: the mount would hide it; \
+             choose a mount point that does not contain {b}"
+        ));
+    }
+    for m in mountinfo::parse(&mountinfo::own()) {
+        if backing.starts_with(&m.point) {
+            return Err(format!(
+                "the backing directory {b} is inside the txfs mount at {} ({}): txfs keeps its journal on an \
+                 ordinary file system, not on a txfs mount",
+                m.point.display(),
+                m.source,
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Starts `txfs mount -f` in the background and returns once its own
