@@ -400,3 +400,26 @@ fn check_and_recover_refuse_a_directory_that_is_not_a_backing() {
         assert!(!plain.join(".txfs").exists(), "txfs {sub} created .txfs/");
     }
 }
+
+/// Story: an fstab line `BACKING MNT fuse.txfs defaults,nofail,...`. mount(8)
+/// runs the helper (`mount.fuse.txfs`, or mount.fuse3's `txfs BACKING MNT
+/// -o opts`) with every option of the line: those meant for mount(8)
+/// itself are ignored, as sshfs does, and the mount serves; an option
+/// nobody knows is still refused, before any daemon starts.
+#[test]
+fn mount_takes_fstab_options_and_the_mount_helper_form() {
+    let t = Background::new();
+    let (b, m) = (t.b(), t.m());
+    let fstab = "rw,defaults,nofail,noauto,auto,user,users,nouser,_netdev,comment=systemd.automount,\
+                 x-systemd.requires-mounts-for=/srv,x-gvfs-hide,relatime";
+    let out = t.txfs(&[b.to_str().unwrap(), m.to_str().unwrap(), "-o", fstab]);
+    assert!(out.status.success(), "txfs BACKING MNT -o {fstab}: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(m.join("f"), "served").unwrap();
+    assert!(t.txfs(&["umount", m.to_str().unwrap()]).status.success());
+    assert_eq!(std::fs::read_to_string(b.join("f")).unwrap(), "served");
+    let out = t.txfs(&["mount", b.to_str().unwrap(), m.to_str().unwrap(), "-o", "defaults,bogus"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an unknown option was accepted");
+    assert!(err.contains("unknown mount option \"bogus\""), "names it: {err}");
+    assert!(!is_mounted(&m));
+}

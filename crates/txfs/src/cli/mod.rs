@@ -92,8 +92,10 @@ enum Cmd {
         foreground: bool,
         /// Mount options, comma-separated: allow_other, allow_root, ro, rw,
         /// dev, nodev, suid, nosuid, exec, noexec, default_permissions
-        /// (fstab's defaults, auto, noauto, user, _netdev and atime options
-        /// are accepted and ignored). Device nodes on the mount open only
+        /// (what fstab and mount(8) pass for mount(8) itself is accepted and
+        /// ignored, as sshfs does: defaults, auto, noauto, nofail, user,
+        /// nouser, users, owner, group, _netdev, comment=..., x-..., the
+        /// atime options, nonempty). Device nodes on the mount open only
         /// with dev (nodev is FUSE's default, as for every FUSE mount). The kernel checks file modes unless
         /// root mounts without allow_other/allow_root: then only root can
         /// reach the mount and the checks (a round trip per directory on a
@@ -102,6 +104,14 @@ enum Cmd {
         /// CAP_FOWNER, CAP_CHOWN or CAP_FSETID, e.g. in containers).
         #[arg(short = 'o')]
         options: Vec<String>,
+        /// As a mount helper (mount.fuse.txfs): mount(8)'s -n, -s and -v,
+        /// ignored.
+        #[arg(short = 'n', hide = true)]
+        no_mtab: bool,
+        #[arg(short = 's', hide = true)]
+        sloppy: bool,
+        #[arg(short = 'v', hide = true)]
+        verbose: bool,
     },
     /// Checkpoint, then unmount.
     ///
@@ -225,7 +235,14 @@ enum Cmd {
 pub fn main() -> ExitCode {
     // `mount -t fuse.txfs BACKING MNT -o opts` runs `mount.fuse.txfs BACKING MNT -o opts`.
     let argv0 = std::env::args_os().next().unwrap_or_default();
-    let cli = if Path::new(&argv0).file_name().is_some_and(|n| n == "mount.fuse.txfs") {
+    // And mount.fuse3 (`mount -t fuse.txfs` without the mount.fuse.txfs
+    // link, or `txfs#BACKING` in fstab) runs `txfs BACKING MNT -o opts`.
+    let first = std::env::args_os().nth(1);
+    let subcommands = ["mount", "umount", "status", "run", "recover", "check", "help", "__heal"];
+    let helper_form =
+        first.as_ref().is_some_and(|a| !a.as_bytes().starts_with(b"-") && !subcommands.iter().any(|s| a == *s))
+            && std::env::args_os().len() >= 3;
+    let cli = if helper_form || Path::new(&argv0).file_name().is_some_and(|n| n == "mount.fuse.txfs") {
         let mut args: Vec<std::ffi::OsString> = vec!["txfs".into(), "mount".into()];
         args.extend(std::env::args_os().skip(1));
         Cli::parse_from(args)
@@ -233,7 +250,7 @@ pub fn main() -> ExitCode {
         Cli::parse()
     };
     let r = match cli.cmd {
-        Cmd::Mount { backing, mountpoint, foreground, options } => {
+        Cmd::Mount { backing, mountpoint, foreground, options, .. } => {
             mount::mount(&backing, &mountpoint, foreground, &options)
         }
         Cmd::Umount { mountpoint } => umount::umount(&mountpoint),

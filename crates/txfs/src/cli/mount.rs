@@ -33,6 +33,8 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     let backing = backing.canonicalize().map_err(|e| format!("{}: {e}", backing.display()))?;
     let point = mount_point(point)?;
     check_layout(&backing, &point)?;
+    // Before the daemon starts: a wrong option is told at once.
+    parse_options(&backing, options)?;
     if !foreground {
         return daemonize(&backing, &point, options);
     }
@@ -65,30 +67,7 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     let notifier_slot = Arc::new(std::sync::OnceLock::new());
     let txfs = fuse::TxFs::new(engine.clone(), backing.clone(), point.clone(), notifier_slot.clone(), knobs.clone());
     let gate = txfs.gate.clone();
-    let mut mopts = vec![
-        fuser::MountOption::FSName(format!("txfs:{}", backing.display())),
-        fuser::MountOption::CUSTOM("subtype=txfs".into()),
-    ];
-    let mut acl = fuser::SessionACL::Owner;
-    let mut permissions = false;
-    for o in options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
-        match o {
-            "allow_other" => acl = fuser::SessionACL::All,
-            "allow_root" => acl = fuser::SessionACL::RootAndOwner,
-            "ro" => mopts.push(fuser::MountOption::RO),
-            "rw" => mopts.push(fuser::MountOption::RW),
-            "default_permissions" => permissions = true,
-            "nonempty" | "auto" | "noauto" | "user" | "nouser" | "_netdev" => {}
-            "dev" => mopts.push(fuser::MountOption::Dev),
-            "nodev" => mopts.push(fuser::MountOption::NoDev),
-            "suid" => mopts.push(fuser::MountOption::Suid),
-            "nosuid" => mopts.push(fuser::MountOption::NoSuid),
-            "exec" => mopts.push(fuser::MountOption::Exec),
-            "noexec" => mopts.push(fuser::MountOption::NoExec),
-            "atime" | "noatime" | "relatime" => {}
-            other => return Err(format!("unknown mount option {other:?}")),
-        }
-    }
+    let (mut mopts, acl, permissions) = parse_options(&backing, options)?;
     // The kernel checks permissions (and, to do so, asks for the attributes
     // of every directory on a path whose cached attributes expired: inside
     // a transaction, every one) unless only root can reach the mount: root
@@ -410,6 +389,46 @@ fn mount_point(point: &Path) -> Result<std::path::PathBuf, String> {
         ));
     }
     Ok(point)
+}
+
+/// The FUSE mount options, who may reach the mount, and whether
+/// default_permissions was asked for, from `-o` options.
+type Parsed = (Vec<fuser::MountOption>, fuser::SessionACL, bool);
+
+fn parse_options(backing: &Path, options: &[String]) -> Result<Parsed, String> {
+    let mut mopts = vec![
+        fuser::MountOption::FSName(format!("txfs:{}", backing.display())),
+        fuser::MountOption::CUSTOM("subtype=txfs".into()),
+    ];
+    let mut acl = fuser::SessionACL::Owner;
+    let mut permissions = false;
+    for o in options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
+        match o {
+            "allow_other" => acl = fuser::SessionACL::All,
+            "allow_root" => acl = fuser::SessionACL::RootAndOwner,
+            "ro" => mopts.push(fuser::MountOption::RO),
+            "rw" => mopts.push(fuser::MountOption::RW),
+            "default_permissions" => permissions = true,
+            // For mount(8) and fstab, not for the file system (sshfs
+            // ignores them too).
+            "defaults" | "nonempty" | "auto" | "noauto" | "nofail" | "user" | "nouser" | "users" | "nousers"
+            | "owner" | "noowner" | "group" | "nogroup" | "_netdev" => {}
+            o if o.starts_with("comment=") || o.starts_with("x-") => {}
+            "dev" => mopts.push(fuser::MountOption::Dev),
+            "nodev" => mopts.push(fuser::MountOption::NoDev),
+            "suid" => mopts.push(fuser::MountOption::Suid),
+            "nosuid" => mopts.push(fuser::MountOption::NoSuid),
+            "exec" => mopts.push(fuser::MountOption::Exec),
+            "noexec" => mopts.push(fuser::MountOption::NoExec),
+            "atime" | "noatime" | "relatime" => {}
+            other => {
+                return Err(format!(
+                    "unknown mount option {other:?} (see txfs mount --help for the options txfs takes)"
+                ))
+            }
+        }
+    }
+    Ok((mopts, acl, permissions))
 }
 
 /// Refuses layouts in which the daemon would reach its own mount through
