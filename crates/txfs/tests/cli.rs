@@ -71,3 +71,71 @@ fn every_subcommand_has_a_man_style_help() {
         }
     }
 }
+
+/// `txfs status MNT ARGS` with stdout piped, as a child.
+fn status_child(m: &Mount, args: &[&str]) -> std::process::Child {
+    Command::new(TXFS)
+        .arg("status")
+        .arg(m.mnt())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Story: `txfs status M --watch 1 | head -1` in a script. When the reader
+/// goes, status must end quietly (exit 0), not panic on the closed pipe.
+#[test]
+fn status_ends_quietly_when_its_reader_goes() {
+    use std::io::BufRead;
+    let m = Mount::new();
+    for args in [&["--watch", "0.05"][..], &["--json", "--watch", "0.05"][..]] {
+        let mut c = status_child(&m, args);
+        let mut line = String::new();
+        std::io::BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(!line.is_empty(), "{args:?}: no output");
+        // The reader is gone (dropped above): the next line meets a closed pipe.
+        let st = wait_timeout(&mut c, std::time::Duration::from_secs(30)).expect("status goes on without a reader");
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut c.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(st.success() && !err.contains("panicked"), "{args:?}: exited {st}: {err}");
+    }
+}
+
+/// Story: a monitoring agent reads `txfs status --json --watch` line by
+/// line: every line is one JSON object (NDJSON) with the counters and
+/// its time, forever — not JSON once and then a text table.
+#[test]
+fn status_json_watch_prints_one_object_a_line() {
+    use std::io::BufRead;
+    let m = Mount::new();
+    let mut c = status_child(&m, &["--json", "--watch", "0.05"]);
+    let mut lines = std::io::BufReader::new(c.stdout.take().unwrap()).lines();
+    let mut times = Vec::new();
+    for i in 0..4 {
+        let line = lines.next().expect("a line").unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("line {i} is not JSON ({e}): {line}"));
+        assert!(v["commits"].is_u64() && v["live_txs"].is_u64(), "line {i} lacks the counters: {line}");
+        times.push(v["time"].as_f64().unwrap_or_else(|| panic!("line {i} has no time: {line}")));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "times go forward: {times:?}");
+}
+
+/// Story: a counter name as long as `lookup_getattr_requests` ran into its
+/// value (`lookup_getattr_requests130425`). Every line of the text form is
+/// a name, space, a number.
+#[test]
+fn status_text_columns_never_run_into_values() {
+    let m = Mount::new();
+    let out = Command::new(TXFS).arg("status").arg(m.mnt()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert!(f.len() >= 2 && f[1].parse::<u64>().is_ok(), "a name run into its value: {line:?}\n{text}");
+        assert!(f[0].chars().all(|c| c.is_ascii_lowercase() || c == '_'), "not a bare name: {line:?}");
+    }
+}

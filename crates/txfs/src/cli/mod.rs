@@ -135,15 +135,18 @@ enum Cmd {
         "Examples:\n",
         "  txfs status /mnt/data\n",
         "  txfs status /mnt/data --json | jq .conflicts\n",
-        "  txfs status /mnt/data --watch 1        # one line a second, with rates\n\n",
+        "  txfs status /mnt/data --watch 1        # one line a second, with rates\n",
+        "  txfs status /mnt/data --json --watch 5 # NDJSON, one object every 5 s\n\n",
         "Exit status: 0; 1 if MOUNTPOINT is not a txfs mount.",
     ))]
     Status {
         mountpoint: PathBuf,
-        /// One JSON object.
+        /// One JSON object; with --watch, one a line (NDJSON), each with
+        /// its "time" (seconds since the epoch).
         #[arg(long)]
         json: bool,
-        /// Print one line every SECONDS until interrupted.
+        /// Print one line every SECONDS (rates, with the time of day in
+        /// UTC) until interrupted or until its reader goes.
         #[arg(long, value_name = "SECONDS")]
         watch: Option<f64>,
     },
