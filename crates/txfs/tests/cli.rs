@@ -139,3 +139,22 @@ fn status_text_columns_never_run_into_values() {
         assert!(f[0].chars().all(|c| c.is_ascii_lowercase() || c == '_'), "not a bare name: {line:?}");
     }
 }
+
+/// Story: `txfs run -- tpyo` must say why nothing ran, and exit as a shell
+/// would: 127 for a command not found, 126 for one that cannot be run.
+#[test]
+fn run_prints_the_exec_error_and_exits_like_a_shell() {
+    use std::os::unix::fs::PermissionsExt;
+    let m = Mount::new();
+    let plain = m.scratch().join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let missing = "txfs-no-such-command-anywhere";
+    for (cmd, code, says) in [(missing, 127, "No such file"), (plain.to_str().unwrap(), 126, "Permission denied")] {
+        let out = Command::new(TXFS).arg("run").arg("--mount").arg(m.mnt()).arg("--").arg(cmd).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "txfs run -- {cmd}: {err}");
+        assert!(err.contains(cmd) && err.contains(says), "txfs run -- {cmd} says why: {err}");
+    }
+    assert_eq!(m.live_txs(), 0, "the transactions were aborted");
+}

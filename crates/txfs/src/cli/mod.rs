@@ -165,8 +165,9 @@ enum Cmd {
         "  txfs run -- sh -c 'cp -r build/* /mnt/data/site/ && ./update-index'\n",
         "  txfs run --mount /mnt/data -- git commit -am 'all or nothing'\n",
         "  txfs run --ordered --retries 10 -- ./import.sh\n\n",
-        "Exit status: CMD's own; 75 if it still conflicted after the retries\n",
-        "(nothing of it survived); 70 if txfs itself failed.",
+        "Exit status: CMD's own; 127 if CMD was not found, 126 if it could not be\n",
+        "run (the reason goes to stderr); 75 if it still conflicted after the\n",
+        "retries (nothing of it survived); 70 if txfs itself failed.",
     ))]
     Run {
         /// Reruns after a lost conflict.
