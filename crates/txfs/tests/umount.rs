@@ -423,3 +423,23 @@ fn mount_takes_fstab_options_and_the_mount_helper_form() {
     assert!(err.contains("unknown mount option \"bogus\""), "names it: {err}");
     assert!(!is_mounted(&m));
 }
+
+/// Story: an administrator reads BACKING/.txfs/daemon.log after a clean
+/// start and stop: plain text (no terminal colour codes), and no warning
+/// for what went well.
+#[test]
+fn daemon_log_is_plain_text_without_warnings_for_a_clean_unmount() {
+    let t = Background::new();
+    assert!(t.mount().status.success());
+    std::fs::write(t.m().join("f"), "x").unwrap();
+    let out = t.txfs(&["umount", t.m().to_str().unwrap()]);
+    assert!(out.status.success(), "umount: {}", String::from_utf8_lossy(&out.stderr));
+    let log = std::fs::read_to_string(t.b().join(".txfs/daemon.log")).unwrap();
+    assert!(log.contains("unmounted"), "the log covers the unmount:\n{log}");
+    assert!(!log.contains('\u{1b}'), "ANSI escape codes in daemon.log:\n{log}");
+    // From the moment it serves (a kernel without a feature is warned of
+    // before that).
+    let served = log.lines().skip_while(|l| !l.contains("serving"));
+    let warned: Vec<&str> = served.filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
+    assert!(warned.is_empty(), "warnings on a clean mount and unmount: {warned:#?}");
+}

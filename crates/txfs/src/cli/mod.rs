@@ -343,7 +343,10 @@ pub(crate) fn human(bytes: u64) -> String {
 
 pub(crate) fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TXFS_LOG").unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colours only on a terminal: daemon.log and journald get plain text.
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }
 
 /// Holds BACKING/.txfs/lock: one user of a backing directory at a time.
