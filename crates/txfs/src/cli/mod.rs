@@ -377,6 +377,31 @@ pub(crate) fn lock_backing(backing: &Path) -> Result<std::fs::File, String> {
     Ok(f)
 }
 
+/// The pids holding a flock on `file`, from /proc/locks (lines such as
+/// `1: FLOCK  ADVISORY  WRITE 4242 00:2a:1234 0 EOF`, device in hex).
+pub(crate) fn lock_holders(file: &Path) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = std::fs::metadata(file) else { return Vec::new() };
+    let want = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(md.dev() as libc::dev_t),
+        libc::minor(md.dev() as libc::dev_t),
+        md.ino()
+    );
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    locks
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Held locks only, not waiters ("->").
+            if f.get(1) != Some(&"FLOCK") || f.get(5) != Some(&want.as_str()) {
+                return None;
+            }
+            f.get(4)?.parse().ok()
+        })
+        .collect()
+}
+
 /// Refuses a directory that holds no txfs state (no `.txfs/`): `check`
 /// and `recover` of a wrong path must not succeed silently, nor create it.
 pub(crate) fn require_backing(backing: &Path) -> Result<(), String> {

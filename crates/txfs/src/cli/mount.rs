@@ -328,27 +328,32 @@ fn sd_notify(msg: &str) {
     }
 }
 
-/// MOUNTPOINT, canonical. A dead txfs mount there (its daemon died: every
-/// access fails with ENOTCONN) is detached first, as `fusermount3 -u -z`
-/// would; a dead mount of another file system is left to its owner, and a
-/// live txfs mount is not stacked on.
+/// MOUNTPOINT, canonical. A dead txfs mount there (its daemon died: no
+/// process holds its BACKING/.txfs/lock, and accesses fail with ENOTCONN,
+/// or are still answered from the kernel's caches for a moment) is
+/// detached first, as `fusermount3 -u -z` would; a dead mount of another
+/// file system is left to its owner, and a live txfs mount is not stacked
+/// on.
 fn mount_point(point: &Path) -> Result<std::path::PathBuf, String> {
     let shown = point.display();
-    if let Err(e) = std::fs::metadata(point) {
-        if e.raw_os_error() != Some(libc::ENOTCONN) {
-            return Err(format!("{shown}: {e}"));
+    let abs = match point.canonicalize() {
+        Ok(p) => p,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECANCELED)) => {
+            // The path up to the dead mount is alive: resolve it without it.
+            let name = point.file_name().ok_or_else(|| format!("{shown}: {e}"))?;
+            let parent = match point.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => std::path::PathBuf::from("."),
+            };
+            parent.canonicalize().map_err(|e| format!("{}: {e}", parent.display()))?.join(name)
         }
-        // The path up to the dead mount is alive: resolve it without it.
-        let name = point.file_name().ok_or_else(|| format!("{shown}: {e}"))?;
-        let parent = match point.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => std::path::PathBuf::from("."),
-        };
-        let abs = parent.canonicalize().map_err(|e| format!("{}: {e}", parent.display()))?.join(name);
-        let top = mountinfo::entries(&mountinfo::own()).filter(|m| m.point == abs).last();
-        let Some(top) = top else { return Err(format!("{shown}: {e}")) };
-        let ours = top.fstype == mountinfo::FSTYPE || top.source.starts_with("txfs:");
-        if !ours {
+        Err(e) => return Err(format!("{shown}: {e}")),
+    };
+    let top = mountinfo::entries(&mountinfo::own()).filter(|m| m.point == abs).last();
+    let Some(top) = top else { return Ok(abs) };
+    let Some(backing) = top.source.strip_prefix("txfs:").map(std::path::PathBuf::from) else {
+        let dead = std::fs::metadata(&abs).err().filter(|e| e.raw_os_error() == Some(libc::ENOTCONN));
+        if let Some(e) = dead {
             return Err(format!(
                 "{}: a dead {} mount (its daemon exited: {e}); detach it first: fusermount3 -u -z {}",
                 abs.display(),
@@ -356,39 +361,37 @@ fn mount_point(point: &Path) -> Result<std::path::PathBuf, String> {
                 abs.display()
             ));
         }
-        let c = std::ffi::CString::new(abs.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
-        // SAFETY: a valid C string.
-        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-            let err = std::io::Error::last_os_error();
-            let ok = std::process::Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(&abs)
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                return Err(format!(
-                    "{}: a dead txfs mount (its daemon exited) that cannot be detached ({err}): fusermount3 -u -z {}",
-                    abs.display(),
-                    abs.display()
-                ));
-            }
-        }
-        eprintln!("txfs mount: detached a dead txfs mount at {} ({})", abs.display(), top.source);
-    }
-    let point = point.canonicalize().map_err(|e| format!("{shown}: {e}"))?;
-    if let Some(m) = mountinfo::entries(&mountinfo::own())
-        .filter(|m| m.point == point && (m.fstype == mountinfo::FSTYPE || m.source.starts_with("txfs:")))
-        .last()
-    {
+        return Ok(abs);
+    };
+    let daemons = super::lock_holders(&backing.join(".txfs/lock"));
+    if !daemons.is_empty() {
         return Err(format!(
             "{} is a txfs mount already ({}): mounting another on top would hide it; txfs umount {} first",
-            point.display(),
-            m.source,
-            point.display()
+            abs.display(),
+            top.source,
+            abs.display()
         ));
     }
-    Ok(point)
+    let c = std::ffi::CString::new(abs.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: a valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let err = std::io::Error::last_os_error();
+        let ok = std::process::Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&abs)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            return Err(format!(
+                "{}: a dead txfs mount (its daemon exited) that cannot be detached ({err}): fusermount3 -u -z {}",
+                abs.display(),
+                abs.display()
+            ));
+        }
+    }
+    eprintln!("txfs mount: detached a dead txfs mount at {} ({})", abs.display(), top.source);
+    point.canonicalize().map_err(|e| format!("{shown}: {e}"))
 }
 
 /// The FUSE mount options, who may reach the mount, and whether

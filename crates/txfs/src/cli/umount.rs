@@ -99,7 +99,7 @@ fn wait_for_daemon(backing: &Path, point: &Path) -> Result<(), String> {
     let t0 = Instant::now();
     let mut said = false;
     loop {
-        let holders = lock_holders(&lock);
+        let holders = super::lock_holders(&lock);
         if holders.is_empty() {
             return Ok(());
         }
@@ -120,31 +120,6 @@ fn wait_for_daemon(backing: &Path, point: &Path) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// The pids holding a flock on `file`, from /proc/locks (lines such as
-/// `1: FLOCK  ADVISORY  WRITE 4242 00:2a:1234 0 EOF`, device in hex).
-fn lock_holders(file: &Path) -> Vec<i32> {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(md) = std::fs::metadata(file) else { return Vec::new() };
-    let want = format!(
-        "{:02x}:{:02x}:{}",
-        libc::major(md.dev() as libc::dev_t),
-        libc::minor(md.dev() as libc::dev_t),
-        md.ino()
-    );
-    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    locks
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // Held locks only, not waiters ("->").
-            if f.get(1) != Some(&"FLOCK") || f.get(5) != Some(&want.as_str()) {
-                return None;
-            }
-            f.get(4)?.parse().ok()
-        })
-        .collect()
 }
 
 /// `umount2(point)`; a busy answer while no process visibly holds the
