@@ -158,3 +158,33 @@ fn run_prints_the_exec_error_and_exits_like_a_shell() {
     }
     assert_eq!(m.live_txs(), 0, "the transactions were aborted");
 }
+
+/// Story: two txfs mounts are up (and maybe others' too). `txfs run` with
+/// no --mount takes the one holding the current directory, else the one
+/// the command's paths are in; it does not give up because there are
+/// several.
+#[test]
+fn run_chooses_the_mount_by_directory_or_paths() {
+    let (a, b) = (Mount::new(), Mount::new());
+    let out = Command::new(TXFS)
+        .args(["run", "--", "sh", "-c", "echo in-a > f"])
+        .current_dir(a.mnt())
+        .env_remove("TXFS_MOUNT")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "run in a's directory: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(a.path("f")).unwrap(), "in-a\n");
+    let target = b.path("g");
+    let out = Command::new(TXFS)
+        .args(["run", "--", "cp", "/proc/self/comm"])
+        .arg(&target)
+        .current_dir("/")
+        .env_remove("TXFS_MOUNT")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "run with a path into b: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(target.exists() && !a.path("g").exists());
+    // The run's transaction was b's (a's daemon served only the first).
+    let runs = |m: &Mount| m.log_text().matches("process tree transaction committed").count();
+    assert_eq!((runs(&a), runs(&b)), (1, 1), "one run on each mount");
+}

@@ -141,20 +141,47 @@ pub fn find(point: &Path) -> Option<Mount> {
     all().into_iter().find(|m| m.point == want)
 }
 
-/// `$TXFS_MOUNT`, else the only txfs mount.
-pub fn resolve(explicit: Option<&Path>) -> Result<PathBuf, String> {
+/// `$TXFS_MOUNT`, else the only txfs mount, else the one holding the
+/// current directory, else the one the command's absolute path arguments
+/// (`args`) are in; failing that, the candidates are listed.
+pub fn resolve(explicit: Option<&Path>, args: &[std::ffi::OsString]) -> Result<PathBuf, String> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }
     if let Some(p) = std::env::var_os("TXFS_MOUNT") {
         return Ok(PathBuf::from(p));
     }
-    let all = all();
-    match all.len() {
-        1 => Ok(all[0].point.clone()),
-        0 => Err("no txfs mount found (mount one, or set TXFS_MOUNT)".into()),
-        n => Err(format!("{n} txfs mounts: say which with --mount or TXFS_MOUNT")),
+    let points: Vec<PathBuf> = all().into_iter().filter(|m| m.backing().is_some()).map(|m| m.point).collect();
+    let cwd = std::env::current_dir().ok();
+    choose(&points, cwd.as_deref(), args)
+}
+
+/// The mount [`resolve`] picks among `points`, given the working directory
+/// and the command's arguments.
+pub fn choose(points: &[PathBuf], cwd: Option<&Path>, args: &[std::ffi::OsString]) -> Result<PathBuf, String> {
+    match points {
+        [] => return Err("no txfs mount found (mount one, or set TXFS_MOUNT)".into()),
+        [one] => return Ok(one.clone()),
+        _ => {}
     }
+    // The deepest mount holding `p` (a mount inside another wins).
+    let holding = |p: &Path| points.iter().filter(|m| p.starts_with(m)).max_by_key(|m| m.as_os_str().len()).cloned();
+    if let Some(m) = cwd.and_then(holding) {
+        return Ok(m);
+    }
+    let mut by_args: Vec<PathBuf> =
+        args.iter().map(Path::new).filter(|a| a.is_absolute()).filter_map(holding).collect();
+    by_args.dedup();
+    if by_args.len() == 1 {
+        return Ok(by_args.remove(0));
+    }
+    let list = points.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+    let why = if by_args.is_empty() {
+        "neither the current directory nor the command's paths are in one of them"
+    } else {
+        "the command's paths are in more than one"
+    };
+    Err(format!("{} txfs mounts ({list}): {why}; say which with --mount or TXFS_MOUNT", points.len()))
 }
 
 #[cfg(test)]
@@ -187,6 +214,28 @@ mod tests {
         let below = "31 24 0:70 / /mnt/t/sub rw - fuse.txfs txfs rw\n";
         assert!(uncovered(&format!("{shared}{below}"), dev).is_some());
         assert!(uncovered("garbage\n", dev).is_some());
+    }
+
+    /// With several mounts, `txfs run` takes the one holding the working
+    /// directory (the deepest), else the one its path arguments are in, else
+    /// lists them.
+    #[test]
+    fn run_chooses_the_mount_by_directory_then_arguments() {
+        let points = [PathBuf::from("/mnt/a"), PathBuf::from("/mnt/b"), PathBuf::from("/mnt/a/inner")];
+        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let one = choose(&points[..1], Some(Path::new("/elsewhere")), &[]).unwrap();
+        assert_eq!(one, PathBuf::from("/mnt/a"), "the only mount");
+        let cwd = choose(&points, Some(Path::new("/mnt/b/x")), &args(&["cp", "/mnt/a/f"])).unwrap();
+        assert_eq!(cwd, PathBuf::from("/mnt/b"), "the working directory first");
+        let deep = choose(&points, Some(Path::new("/mnt/a/inner/d")), &[]).unwrap();
+        assert_eq!(deep, PathBuf::from("/mnt/a/inner"), "the deepest mount");
+        let by_arg = choose(&points, Some(Path::new("/home")), &args(&["cp", "x", "/mnt/b/f", "/mnt/b/g"])).unwrap();
+        assert_eq!(by_arg, PathBuf::from("/mnt/b"), "the arguments' mount");
+        let e = choose(&points, Some(Path::new("/home")), &args(&["cp", "/mnt/a/f", "/mnt/b/f"])).unwrap_err();
+        assert!(e.contains("/mnt/a, /mnt/b, /mnt/a/inner") && e.contains("--mount"), "lists them: {e}");
+        let e = choose(&points, None, &[]).unwrap_err();
+        assert!(e.contains("3 txfs mounts") && e.contains("/mnt/b"), "lists them: {e}");
+        assert!(choose(&[], None, &[]).is_err());
     }
 
     /// The daemon finds its own mount by source, with mountinfo's escapes.

@@ -173,7 +173,9 @@ enum Cmd {
         /// Reruns after a lost conflict.
         #[arg(long, default_value_t = 3)]
         retries: u32,
-        /// The mount (default: $TXFS_MOUNT, or the only txfs mount).
+        /// The mount (default: $TXFS_MOUNT, or the only txfs mount, or the
+        /// one holding the current directory, or the one CMD's absolute
+        /// path arguments are in).
         #[arg(long)]
         mount: Option<PathBuf>,
         /// Ordered commit: return once the order is fixed, durable later.

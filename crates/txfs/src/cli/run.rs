@@ -139,7 +139,7 @@ impl Drop for View {
 }
 
 pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) -> ExitCode {
-    let point = match mountinfo::resolve(mount) {
+    let point = match mountinfo::resolve(mount, cmd) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("txfs run: {e}");
