@@ -453,3 +453,25 @@ fn daemon_log_is_plain_text_without_warnings_for_a_clean_unmount() {
     let warned: Vec<&str> = served.filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
     assert!(warned.is_empty(), "warnings on a clean mount and unmount: {warned:#?}");
 }
+
+/// Story: a mount point whose name is not UTF-8 (a Latin-1 file name). It
+/// mounts at once, serves, and `txfs umount` finds it: mountinfo is read
+/// byte for byte.
+#[test]
+fn a_mount_point_that_is_not_utf8_mounts_and_unmounts() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = Background::new();
+    let m = t.tmp.path().join(std::ffi::OsStr::from_bytes(b"m\xe9"));
+    std::fs::create_dir(&m).unwrap();
+    let txfs = |args: &[&std::ffi::OsStr]| {
+        let mut c = Command::new(TXFS).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        assert!(wait_timeout(&mut c, Duration::from_secs(30)).is_some(), "txfs {args:?} took over 30 s");
+        c.wait_with_output().unwrap()
+    };
+    let out = txfs(&["mount".as_ref(), t.b().as_os_str(), m.as_os_str()]);
+    assert!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(m.join("f"), "latin").unwrap();
+    let out = txfs(&["umount".as_ref(), m.as_os_str()]);
+    assert!(out.status.success(), "umount: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(t.b().join("f")).unwrap(), "latin", "checkpointed");
+}

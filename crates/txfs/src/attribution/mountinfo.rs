@@ -8,6 +8,7 @@
 //! Each line is one [`Entry`]; fields are unescaped once, here
 //! ([`unescape`]: the kernel writes a space in a path as `\040`).
 
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 pub const FSTYPE: &str = "fuse.txfs";
@@ -45,7 +46,7 @@ impl Entry {
             parent: f.get(1)?.parse().ok()?,
             major: major.parse().ok()?,
             minor: minor.parse().ok()?,
-            point: PathBuf::from(unescape(f.get(4)?)),
+            point: PathBuf::from(std::ffi::OsString::from_vec(unescape_bytes(f.get(4)?))),
             fstype: t.next()?.to_string(),
             source: unescape(t.next()?),
         })
@@ -73,7 +74,13 @@ impl Mount {
 
 /// Decodes mountinfo's octal escapes (`\040` for a space); anything else,
 /// including a backslash not followed by an octal byte, is kept as it is.
+/// Lossy where the bytes are not UTF-8 (see [`unescape_bytes`]).
 pub fn unescape(field: &str) -> String {
+    String::from_utf8_lossy(&unescape_bytes(field)).into_owned()
+}
+
+/// [`unescape`], byte for byte: a path need not be UTF-8.
+pub fn unescape_bytes(field: &str) -> Vec<u8> {
     let b = field.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -90,7 +97,23 @@ pub fn unescape(field: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
+}
+
+/// A mountinfo text as ASCII: every byte past 0x7f (paths need not be
+/// UTF-8) is written as the octal escape the kernel uses for a space, so
+/// that [`unescape_bytes`] gives the path back byte for byte and one odd
+/// name does not hide the whole table.
+pub fn ascii(raw: &[u8]) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for &c in raw {
+        if c.is_ascii() {
+            out.push(c as char);
+        } else {
+            out.push_str(&format!("\\{c:03o}"));
+        }
+    }
+    out
 }
 
 /// The txfs mounts of a mountinfo text (also those mounted as plain
@@ -129,7 +152,7 @@ pub fn uncovered(mountinfo: &str, dev: u64) -> Option<String> {
 
 /// This process's mount table (empty if it cannot be read).
 pub fn own() -> String {
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()
+    std::fs::read("/proc/self/mountinfo").map(|b| ascii(&b)).unwrap_or_default()
 }
 
 pub fn all() -> Vec<Mount> {
@@ -247,5 +270,17 @@ mod tests {
         assert_eq!(source_dev(info, "txfs:/var/a"), Some(libc::makedev(0, 64)));
         assert_eq!(source_dev(info, "txfs:/var/c"), None);
         assert_eq!(unescape("a\\134b\\011"), "a\\b\t");
+    }
+
+    /// A mount point that is not UTF-8 is found byte for byte, and does not
+    /// hide the rest of the table.
+    #[test]
+    fn a_mount_point_need_not_be_utf8() {
+        use std::os::unix::ffi::OsStrExt;
+        let raw = b"24 1 0:63 / /mnt/t\xff rw - fuse.txfs txfs:/b rw\n25 1 0:64 / /mnt/u rw - fuse.txfs txfs:/c rw\n";
+        let m = parse(&ascii(raw));
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].point.as_os_str().as_bytes(), b"/mnt/t\xff");
+        assert_eq!(m[1].point, PathBuf::from("/mnt/u"));
     }
 }
