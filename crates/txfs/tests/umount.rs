@@ -475,3 +475,57 @@ fn a_mount_point_that_is_not_utf8_mounts_and_unmounts() {
     assert!(out.status.success(), "umount: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read_to_string(t.b().join("f")).unwrap(), "latin", "checkpointed");
 }
+
+/// Story: a second `txfs mount` of a backing that is already mounted. It
+/// fails saying where the backing is mounted, and shows this start's log
+/// lines only, not old lines of an earlier session.
+#[test]
+fn a_failed_start_says_where_the_backing_is_mounted_and_shows_only_its_own_log() {
+    let t = Background::new();
+    assert!(t.mount().status.success());
+    let log = t.b().join(".txfs/daemon.log");
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    std::io::Write::write_all(&mut f, b"AN OLD LINE OF AN EARLIER SESSION\n").unwrap();
+    let m2 = t.tmp.path().join("m2");
+    std::fs::create_dir(&m2).unwrap();
+    let out = t.txfs(&["mount", t.b().to_str().unwrap(), m2.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted a backing twice");
+    assert!(err.contains(&format!("mounted at {}", t.m().display())), "says where: {err}");
+    assert!(!err.contains("AN OLD LINE"), "shows old log lines: {err}");
+    assert!(!is_mounted(&m2));
+    assert!(t.txfs(&["umount", t.m().to_str().unwrap()]).status.success());
+}
+
+/// Story: systemd runs `txfs mount -f` as `Type=notify`. READY=1 must come
+/// only once the mount answers, and STOPPING=1 when it is told to stop.
+#[test]
+fn the_foreground_daemon_tells_systemd_ready_and_stopping() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let t = Background::new();
+    let name = format!("txfs-test-notify-{}", std::process::id());
+    let sock = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut daemon = Command::new(TXFS)
+        .arg("mount")
+        .arg("-f")
+        .arg(t.b())
+        .arg(t.m())
+        .env("NOTIFY_SOCKET", format!("@{name}"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = sock.recv(&mut buf).expect("READY=1 within 30 s");
+    assert_eq!(&buf[..n], b"READY=1");
+    assert!(is_mounted(&t.m()), "READY=1 before the mount");
+    std::fs::write(t.m().join("f"), "ready").expect("the mount answers once READY=1 came");
+    // SAFETY: plain kill(2) of our child.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let n = sock.recv(&mut buf).expect("STOPPING=1 within 30 s");
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    let st = wait_timeout(&mut daemon, Duration::from_secs(30)).expect("the daemon exits");
+    assert!(st.success(), "{st}");
+    assert_eq!(std::fs::read_to_string(t.b().join("f")).unwrap(), "ready");
+}
