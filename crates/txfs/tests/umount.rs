@@ -529,3 +529,33 @@ fn the_foreground_daemon_tells_systemd_ready_and_stopping() {
     assert!(st.success(), "{st}");
     assert_eq!(std::fs::read_to_string(t.b().join("f")).unwrap(), "ready");
 }
+
+/// Story: a daemon that runs for months with debug logging on. Its log is
+/// capped: past TXFS_LOG_MAX_BYTES it becomes daemon.log.1 (one old file is
+/// kept), and both stay readable by root only.
+#[test]
+fn daemon_log_is_capped_and_rotated() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = Background::new();
+    let (b, m) = (t.b(), t.m());
+    let out = Command::new(TXFS)
+        .arg("mount")
+        .arg(&b)
+        .arg(&m)
+        .env("TXFS_LOG", "debug")
+        .env("TXFS_LOG_MAX_BYTES", "4096")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));
+    for i in 0..100 {
+        std::fs::write(m.join(format!("f{i}")), "x").unwrap();
+    }
+    assert!(t.txfs(&["umount", m.to_str().unwrap()]).status.success());
+    let (log, old) = (b.join(".txfs/daemon.log"), b.join(".txfs/daemon.log.1"));
+    for f in [&log, &old] {
+        let md = std::fs::metadata(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert!(md.len() < 4096 + 2048, "{} grew past the cap: {} bytes", f.display(), md.len());
+        assert_eq!(md.permissions().mode() & 0o777, 0o600, "{}", f.display());
+    }
+    assert!(std::fs::read_to_string(&log).unwrap().contains("unmounted"), "the current log goes on to the end");
+}

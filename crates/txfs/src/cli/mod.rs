@@ -43,7 +43,8 @@ macro_rules! files_help {
   data/              data files: large transactions' data (past 64 MiB) and new
                      files' content (from 16 MiB), written once, not journaled
   lock               held by the daemon or by recover: one user at a time
-  daemon.pid         the daemon's pid;  daemon.log  its log when started without -f (0600)"
+  daemon.pid         the daemon's pid;  daemon.log  its log when started without -f (0600),
+                     daemon.log.1 past 16 MiB ($TXFS_LOG_MAX_BYTES)"
     };
 }
 
@@ -348,7 +349,76 @@ pub(crate) fn init_logs() {
     // Colours only on a terminal: daemon.log and journald get plain text.
     use std::io::IsTerminal;
     let ansi = std::io::stderr().is_terminal();
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi);
+    // Started by `txfs mount` (no -f): stderr is BACKING/.txfs/daemon.log.
+    let _ = match std::env::var_os(DAEMON_LOG) {
+        Some(path) => fmt.with_writer(RotatingLog::new(PathBuf::from(path))).try_init(),
+        None => fmt.with_writer(std::io::stderr).try_init(),
+    };
+}
+
+/// The environment variable by which `txfs mount` tells its daemon that
+/// stderr is this log file (to be rotated).
+pub(crate) const DAEMON_LOG: &str = "TXFS_DAEMON_LOG";
+
+/// How large daemon.log grows before it becomes daemon.log.1 (the one
+/// before is dropped): `$TXFS_LOG_MAX_BYTES`, else 16 MiB.
+pub(crate) fn log_cap() -> u64 {
+    std::env::var("TXFS_LOG_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(16 << 20).max(1024)
+}
+
+/// stderr, which is daemon.log: past [`log_cap`] bytes, the file becomes
+/// daemon.log.1 and a new daemon.log (0600) takes over descriptor 2 (so
+/// that anything else written to stderr follows).
+pub(crate) struct RotatingLog {
+    path: PathBuf,
+    cap: u64,
+    /// Bytes in the current file.
+    size: parking_lot::Mutex<u64>,
+}
+
+impl RotatingLog {
+    fn new(path: PathBuf) -> RotatingLog {
+        let size = std::fs::metadata("/proc/self/fd/2").map(|m| m.len()).unwrap_or(0);
+        RotatingLog { path, cap: log_cap(), size: parking_lot::Mutex::new(size) }
+    }
+}
+
+/// Renames `path` to `path.1` (replacing it) and opens a new one, 0600.
+pub(crate) fn rotate_log(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut old = path.as_os_str().to_owned();
+    old.push(".1");
+    std::fs::rename(path, &old)?;
+    mount::open_log(path)
+}
+
+/// One write to the log, under the size lock.
+pub(crate) struct LogWrite<'a>(&'a RotatingLog);
+
+impl std::io::Write for LogWrite<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut size = self.0.size.lock();
+        std::io::stderr().write_all(buf)?;
+        *size += buf.len() as u64;
+        if *size >= self.0.cap {
+            if let Ok(f) = rotate_log(&self.0.path) {
+                // SAFETY: dup2 of a descriptor we own onto stderr.
+                unsafe { libc::dup2(f.as_raw_fd(), 2) };
+                *size = 0;
+            }
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for RotatingLog {
+    type Writer = LogWrite<'a>;
+    fn make_writer(&'a self) -> LogWrite<'a> {
+        LogWrite(self)
+    }
 }
 
 /// Holds BACKING/.txfs/lock: one user of a backing directory at a time.

@@ -480,7 +480,10 @@ fn daemonize(backing: &Path, point: &Path, options: &[String]) -> Result<(), Str
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
     std::fs::create_dir_all(backing.join(".txfs")).map_err(|e| format!("{}: {e}", backing.display()))?;
     let log_path = backing.join(".txfs/daemon.log");
-    let log = open_log(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let mut log = open_log(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    if log.metadata().map(|m| m.len()).unwrap_or(0) >= super::log_cap() {
+        log = super::rotate_log(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    }
     // Only this start's lines are shown if it fails.
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -494,7 +497,7 @@ fn daemonize(backing: &Path, point: &Path, options: &[String]) -> Result<(), Str
     for o in options {
         cmd.arg("-o").arg(o);
     }
-    cmd.env("NOTIFY_SOCKET", format!("@{name}"));
+    cmd.env("NOTIFY_SOCKET", format!("@{name}")).env(super::DAEMON_LOG, &log_path);
     cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(log);
     // SAFETY: setsid is async-signal-safe.
     unsafe {
@@ -550,7 +553,7 @@ fn daemonize(backing: &Path, point: &Path, options: &[String]) -> Result<(), Str
 /// The daemon log, for appending, readable by root only: it names paths
 /// inside directories other users may not list. A log left by an older
 /// version with wider permissions is narrowed; a symlink is refused.
-fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+pub(super) fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let log = std::fs::OpenOptions::new()
         .create(true)
