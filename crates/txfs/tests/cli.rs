@@ -71,3 +71,120 @@ fn every_subcommand_has_a_man_style_help() {
         }
     }
 }
+
+/// `txfs status MNT ARGS` with stdout piped, as a child.
+fn status_child(m: &Mount, args: &[&str]) -> std::process::Child {
+    Command::new(TXFS)
+        .arg("status")
+        .arg(m.mnt())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Story: `txfs status M --watch 1 | head -1` in a script. When the reader
+/// goes, status must end quietly (exit 0), not panic on the closed pipe.
+#[test]
+fn status_ends_quietly_when_its_reader_goes() {
+    use std::io::BufRead;
+    let m = Mount::new();
+    for args in [&["--watch", "0.05"][..], &["--json", "--watch", "0.05"][..]] {
+        let mut c = status_child(&m, args);
+        let mut line = String::new();
+        std::io::BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(!line.is_empty(), "{args:?}: no output");
+        // The reader is gone (dropped above): the next line meets a closed pipe.
+        let st = wait_timeout(&mut c, std::time::Duration::from_secs(30)).expect("status goes on without a reader");
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut c.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(st.success() && !err.contains("panicked"), "{args:?}: exited {st}: {err}");
+    }
+}
+
+/// Story: a monitoring agent reads `txfs status --json --watch` line by
+/// line: every line is one JSON object (NDJSON) with the counters and
+/// its time, forever — not JSON once and then a text table.
+#[test]
+fn status_json_watch_prints_one_object_a_line() {
+    use std::io::BufRead;
+    let m = Mount::new();
+    let mut c = status_child(&m, &["--json", "--watch", "0.05"]);
+    let mut lines = std::io::BufReader::new(c.stdout.take().unwrap()).lines();
+    let mut times = Vec::new();
+    for i in 0..4 {
+        let line = lines.next().expect("a line").unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("line {i} is not JSON ({e}): {line}"));
+        assert!(v["commits"].is_u64() && v["live_txs"].is_u64(), "line {i} lacks the counters: {line}");
+        times.push(v["time"].as_f64().unwrap_or_else(|| panic!("line {i} has no time: {line}")));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "times go forward: {times:?}");
+}
+
+/// Story: a counter name as long as `lookup_getattr_requests` ran into its
+/// value (`lookup_getattr_requests130425`). Every line of the text form is
+/// a name, space, a number.
+#[test]
+fn status_text_columns_never_run_into_values() {
+    let m = Mount::new();
+    let out = Command::new(TXFS).arg("status").arg(m.mnt()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert!(f.len() >= 2 && f[1].parse::<u64>().is_ok(), "a name run into its value: {line:?}\n{text}");
+        assert!(f[0].chars().all(|c| c.is_ascii_lowercase() || c == '_'), "not a bare name: {line:?}");
+    }
+}
+
+/// Story: `txfs run -- tpyo` must say why nothing ran, and exit as a shell
+/// would: 127 for a command not found, 126 for one that cannot be run.
+#[test]
+fn run_prints_the_exec_error_and_exits_like_a_shell() {
+    use std::os::unix::fs::PermissionsExt;
+    let m = Mount::new();
+    let plain = m.scratch().join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let missing = "txfs-no-such-command-anywhere";
+    for (cmd, code, says) in [(missing, 127, "No such file"), (plain.to_str().unwrap(), 126, "Permission denied")] {
+        let out = Command::new(TXFS).arg("run").arg("--mount").arg(m.mnt()).arg("--").arg(cmd).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "txfs run -- {cmd}: {err}");
+        assert!(err.contains(cmd) && err.contains(says), "txfs run -- {cmd} says why: {err}");
+    }
+    assert_eq!(m.live_txs(), 0, "the transactions were aborted");
+}
+
+/// Story: two txfs mounts are up (and maybe others' too). `txfs run` with
+/// no --mount takes the one holding the current directory, else the one
+/// the command's paths are in; it does not give up because there are
+/// several.
+#[test]
+fn run_chooses_the_mount_by_directory_or_paths() {
+    let (a, b) = (Mount::new(), Mount::new());
+    let out = Command::new(TXFS)
+        .args(["run", "--", "sh", "-c", "echo in-a > f"])
+        .current_dir(a.mnt())
+        .env_remove("TXFS_MOUNT")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "run in a's directory: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(a.path("f")).unwrap(), "in-a\n");
+    // From outside both, a command whose path is in b and that fails: if
+    // the run was b's, its write is aborted with it; on any other mount it
+    // would be a plain write to b that stays.
+    let target = b.path("g");
+    let out = Command::new(TXFS)
+        .args(["run", "--", "sh", "-c", "cp /proc/self/comm \"$0\"; exit 1"])
+        .arg(&target)
+        .current_dir("/")
+        .env_remove("TXFS_MOUNT")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "the command's status: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!target.exists(), "the failed command's write to b survived: the run was not b's");
+}

@@ -8,6 +8,7 @@
 //! Each line is one [`Entry`]; fields are unescaped once, here
 //! ([`unescape`]: the kernel writes a space in a path as `\040`).
 
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 pub const FSTYPE: &str = "fuse.txfs";
@@ -45,7 +46,7 @@ impl Entry {
             parent: f.get(1)?.parse().ok()?,
             major: major.parse().ok()?,
             minor: minor.parse().ok()?,
-            point: PathBuf::from(unescape(f.get(4)?)),
+            point: PathBuf::from(std::ffi::OsString::from_vec(unescape_bytes(f.get(4)?))),
             fstype: t.next()?.to_string(),
             source: unescape(t.next()?),
         })
@@ -73,7 +74,13 @@ impl Mount {
 
 /// Decodes mountinfo's octal escapes (`\040` for a space); anything else,
 /// including a backslash not followed by an octal byte, is kept as it is.
+/// Lossy where the bytes are not UTF-8 (see [`unescape_bytes`]).
 pub fn unescape(field: &str) -> String {
+    String::from_utf8_lossy(&unescape_bytes(field)).into_owned()
+}
+
+/// [`unescape`], byte for byte: a path need not be UTF-8.
+pub fn unescape_bytes(field: &str) -> Vec<u8> {
     let b = field.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -90,7 +97,23 @@ pub fn unescape(field: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
+}
+
+/// A mountinfo text as ASCII: every byte past 0x7f (paths need not be
+/// UTF-8) is written as the octal escape the kernel uses for a space, so
+/// that [`unescape_bytes`] gives the path back byte for byte and one odd
+/// name does not hide the whole table.
+pub fn ascii(raw: &[u8]) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for &c in raw {
+        if c.is_ascii() {
+            out.push(c as char);
+        } else {
+            out.push_str(&format!("\\{c:03o}"));
+        }
+    }
+    out
 }
 
 /// The txfs mounts of a mountinfo text (also those mounted as plain
@@ -129,7 +152,7 @@ pub fn uncovered(mountinfo: &str, dev: u64) -> Option<String> {
 
 /// This process's mount table (empty if it cannot be read).
 pub fn own() -> String {
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()
+    std::fs::read("/proc/self/mountinfo").map(|b| ascii(&b)).unwrap_or_default()
 }
 
 pub fn all() -> Vec<Mount> {
@@ -141,20 +164,47 @@ pub fn find(point: &Path) -> Option<Mount> {
     all().into_iter().find(|m| m.point == want)
 }
 
-/// `$TXFS_MOUNT`, else the only txfs mount.
-pub fn resolve(explicit: Option<&Path>) -> Result<PathBuf, String> {
+/// `$TXFS_MOUNT`, else the only txfs mount, else the one holding the
+/// current directory, else the one the command's absolute path arguments
+/// (`args`) are in; failing that, the candidates are listed.
+pub fn resolve(explicit: Option<&Path>, args: &[std::ffi::OsString]) -> Result<PathBuf, String> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }
     if let Some(p) = std::env::var_os("TXFS_MOUNT") {
         return Ok(PathBuf::from(p));
     }
-    let all = all();
-    match all.len() {
-        1 => Ok(all[0].point.clone()),
-        0 => Err("no txfs mount found (mount one, or set TXFS_MOUNT)".into()),
-        n => Err(format!("{n} txfs mounts: say which with --mount or TXFS_MOUNT")),
+    let points: Vec<PathBuf> = all().into_iter().filter(|m| m.backing().is_some()).map(|m| m.point).collect();
+    let cwd = std::env::current_dir().ok();
+    choose(&points, cwd.as_deref(), args)
+}
+
+/// The mount [`resolve`] picks among `points`, given the working directory
+/// and the command's arguments.
+pub fn choose(points: &[PathBuf], cwd: Option<&Path>, args: &[std::ffi::OsString]) -> Result<PathBuf, String> {
+    match points {
+        [] => return Err("no txfs mount found (mount one, or set TXFS_MOUNT)".into()),
+        [one] => return Ok(one.clone()),
+        _ => {}
     }
+    // The deepest mount holding `p` (a mount inside another wins).
+    let holding = |p: &Path| points.iter().filter(|m| p.starts_with(m)).max_by_key(|m| m.as_os_str().len()).cloned();
+    if let Some(m) = cwd.and_then(holding) {
+        return Ok(m);
+    }
+    let mut by_args: Vec<PathBuf> =
+        args.iter().map(Path::new).filter(|a| a.is_absolute()).filter_map(holding).collect();
+    by_args.dedup();
+    if by_args.len() == 1 {
+        return Ok(by_args.remove(0));
+    }
+    let list = points.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+    let why = if by_args.is_empty() {
+        "neither the current directory nor the command's paths are in one of them"
+    } else {
+        "the command's paths are in more than one"
+    };
+    Err(format!("{} txfs mounts ({list}): {why}; say which with --mount or TXFS_MOUNT", points.len()))
 }
 
 #[cfg(test)]
@@ -189,6 +239,28 @@ mod tests {
         assert!(uncovered("garbage\n", dev).is_some());
     }
 
+    /// With several mounts, `txfs run` takes the one holding the working
+    /// directory (the deepest), else the one its path arguments are in, else
+    /// lists them.
+    #[test]
+    fn run_chooses_the_mount_by_directory_then_arguments() {
+        let points = [PathBuf::from("/mnt/a"), PathBuf::from("/mnt/b"), PathBuf::from("/mnt/a/inner")];
+        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let one = choose(&points[..1], Some(Path::new("/elsewhere")), &[]).unwrap();
+        assert_eq!(one, PathBuf::from("/mnt/a"), "the only mount");
+        let cwd = choose(&points, Some(Path::new("/mnt/b/x")), &args(&["cp", "/mnt/a/f"])).unwrap();
+        assert_eq!(cwd, PathBuf::from("/mnt/b"), "the working directory first");
+        let deep = choose(&points, Some(Path::new("/mnt/a/inner/d")), &[]).unwrap();
+        assert_eq!(deep, PathBuf::from("/mnt/a/inner"), "the deepest mount");
+        let by_arg = choose(&points, Some(Path::new("/home")), &args(&["cp", "x", "/mnt/b/f", "/mnt/b/g"])).unwrap();
+        assert_eq!(by_arg, PathBuf::from("/mnt/b"), "the arguments' mount");
+        let e = choose(&points, Some(Path::new("/home")), &args(&["cp", "/mnt/a/f", "/mnt/b/f"])).unwrap_err();
+        assert!(e.contains("/mnt/a, /mnt/b, /mnt/a/inner") && e.contains("--mount"), "lists them: {e}");
+        let e = choose(&points, None, &[]).unwrap_err();
+        assert!(e.contains("3 txfs mounts") && e.contains("/mnt/b"), "lists them: {e}");
+        assert!(choose(&[], None, &[]).is_err());
+    }
+
     /// The daemon finds its own mount by source, with mountinfo's escapes.
     #[test]
     fn a_mount_is_found_by_its_source() {
@@ -198,5 +270,17 @@ mod tests {
         assert_eq!(source_dev(info, "txfs:/var/a"), Some(libc::makedev(0, 64)));
         assert_eq!(source_dev(info, "txfs:/var/c"), None);
         assert_eq!(unescape("a\\134b\\011"), "a\\b\t");
+    }
+
+    /// A mount point that is not UTF-8 is found byte for byte, and does not
+    /// hide the rest of the table.
+    #[test]
+    fn a_mount_point_need_not_be_utf8() {
+        use std::os::unix::ffi::OsStrExt;
+        let raw = b"24 1 0:63 / /mnt/t\xff rw - fuse.txfs txfs:/b rw\n25 1 0:64 / /mnt/u rw - fuse.txfs txfs:/c rw\n";
+        let m = parse(&ascii(raw));
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].point.as_os_str().as_bytes(), b"/mnt/t\xff");
+        assert_eq!(m[1].point, PathBuf::from("/mnt/u"));
     }
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use txfs_engine::storage::RealFs;
 
 pub fn check(backing: &Path, progress: bool) -> Result<bool, String> {
+    super::require_backing(backing)?;
     let fs = RealFs::open(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
     let rep = {
         let _progress = Progress::start("check", backing, progress);

@@ -43,7 +43,8 @@ macro_rules! files_help {
   data/              data files: large transactions' data (past 64 MiB) and new
                      files' content (from 16 MiB), written once, not journaled
   lock               held by the daemon or by recover: one user at a time
-  daemon.pid         the daemon's pid;  daemon.log  its log when started without -f (0600)"
+  daemon.pid         the daemon's pid;  daemon.log  its log when started without -f (0600),
+                     daemon.log.1 past 16 MiB ($TXFS_LOG_MAX_BYTES)"
     };
 }
 
@@ -61,6 +62,13 @@ enum Cmd {
         "  txfs mount -f -o allow_other /srv/data /mnt/data     # foreground, for systemd\n",
         "  mount -t fuse.txfs /srv/data /mnt/data               # once /sbin/mount.fuse.txfs -> txfs\n",
         "  fstab:  /srv/data  /mnt/data  fuse.txfs  defaults,allow_other  0 0\n\n",
+        "Without -f, returns once the daemon's own connection answers. A dead txfs\n",
+        "mount at MOUNTPOINT (its daemon was killed: ENOTCONN) is detached first;\n",
+        "a live one is not mounted over. Refused: MOUNTPOINT equal to, inside or\n",
+        "above BACKING, and BACKING inside a txfs mount.\n",
+        "SIGINT, SIGTERM or SIGHUP to the daemon unmount (lazily), checkpoint and\n",
+        "exit 0, as for any FUSE file system; processes still in the mount get\n",
+        "ENOTCONN after 2 s.\n\n",
         "Exit status: 0 mounted (or, with -f, unmounted cleanly); 1 on any error.\n\n",
     ), after_long_help = concat!(
         "Examples:\n",
@@ -68,6 +76,13 @@ enum Cmd {
         "  txfs mount -f -o allow_other /srv/data /mnt/data     # foreground, for systemd\n",
         "  mount -t fuse.txfs /srv/data /mnt/data               # once /sbin/mount.fuse.txfs -> txfs\n",
         "  fstab:  /srv/data  /mnt/data  fuse.txfs  defaults,allow_other  0 0\n\n",
+        "Without -f, returns once the daemon's own connection answers. A dead txfs\n",
+        "mount at MOUNTPOINT (its daemon was killed: ENOTCONN) is detached first;\n",
+        "a live one is not mounted over. Refused: MOUNTPOINT equal to, inside or\n",
+        "above BACKING, and BACKING inside a txfs mount.\n",
+        "SIGINT, SIGTERM or SIGHUP to the daemon unmount (lazily), checkpoint and\n",
+        "exit 0, as for any FUSE file system; processes still in the mount get\n",
+        "ENOTCONN after 2 s.\n\n",
         "Exit status: 0 mounted (or, with -f, unmounted cleanly); 1 on any error.\n\n",
      files_help!()))]
     Mount {
@@ -78,8 +93,10 @@ enum Cmd {
         foreground: bool,
         /// Mount options, comma-separated: allow_other, allow_root, ro, rw,
         /// dev, nodev, suid, nosuid, exec, noexec, default_permissions
-        /// (fstab's defaults, auto, noauto, user, _netdev and atime options
-        /// are accepted and ignored). Device nodes on the mount open only
+        /// (what fstab and mount(8) pass for mount(8) itself is accepted and
+        /// ignored, as sshfs does: defaults, auto, noauto, nofail, user,
+        /// nouser, users, owner, group, _netdev, comment=..., x-..., the
+        /// atime options, nonempty). Device nodes on the mount open only
         /// with dev (nodev is FUSE's default, as for every FUSE mount). The kernel checks file modes unless
         /// root mounts without allow_other/allow_root: then only root can
         /// reach the mount and the checks (a round trip per directory on a
@@ -88,6 +105,14 @@ enum Cmd {
         /// CAP_FOWNER, CAP_CHOWN or CAP_FSETID, e.g. in containers).
         #[arg(short = 'o')]
         options: Vec<String>,
+        /// As a mount helper (mount.fuse.txfs): mount(8)'s -n, -s and -v,
+        /// ignored.
+        #[arg(short = 'n', hide = true)]
+        no_mtab: bool,
+        #[arg(short = 's', hide = true)]
+        sloppy: bool,
+        #[arg(short = 'v', hide = true)]
+        verbose: bool,
     },
     /// Checkpoint, then unmount.
     ///
@@ -95,7 +120,7 @@ enum Cmd {
     /// BACKING and exited: afterwards BACKING holds exactly the committed
     /// state as plain files. Live transactions are aborted.
     #[command(
-        after_help = "Example:\n  txfs umount /mnt/data\n\nExit status: 0 unmounted; 1 not a txfs mount, or busy."
+        after_help = "Example:\n  txfs umount /mnt/data\n\nExit status: 0 unmounted and checkpointed; 1 not a txfs mount, busy, or\nthe daemon still held BACKING/.txfs/lock 600 s after the unmount."
     )]
     Umount { mountpoint: PathBuf },
     /// Live transactions, journal use and counters of a mount.
@@ -111,15 +136,18 @@ enum Cmd {
         "Examples:\n",
         "  txfs status /mnt/data\n",
         "  txfs status /mnt/data --json | jq .conflicts\n",
-        "  txfs status /mnt/data --watch 1        # one line a second, with rates\n\n",
+        "  txfs status /mnt/data --watch 1        # one line a second, with rates\n",
+        "  txfs status /mnt/data --json --watch 5 # NDJSON, one object every 5 s\n\n",
         "Exit status: 0; 1 if MOUNTPOINT is not a txfs mount.",
     ))]
     Status {
         mountpoint: PathBuf,
-        /// One JSON object.
+        /// One JSON object; with --watch, one a line (NDJSON), each with
+        /// its "time" (seconds since the epoch).
         #[arg(long)]
         json: bool,
-        /// Print one line every SECONDS until interrupted.
+        /// Print one line every SECONDS (rates, with the time of day in
+        /// UTC) until interrupted or until its reader goes.
         #[arg(long, value_name = "SECONDS")]
         watch: Option<f64>,
     },
@@ -138,14 +166,17 @@ enum Cmd {
         "  txfs run -- sh -c 'cp -r build/* /mnt/data/site/ && ./update-index'\n",
         "  txfs run --mount /mnt/data -- git commit -am 'all or nothing'\n",
         "  txfs run --ordered --retries 10 -- ./import.sh\n\n",
-        "Exit status: CMD's own; 75 if it still conflicted after the retries\n",
-        "(nothing of it survived); 70 if txfs itself failed.",
+        "Exit status: CMD's own; 127 if CMD was not found, 126 if it could not be\n",
+        "run (the reason goes to stderr); 75 if it still conflicted after the\n",
+        "retries (nothing of it survived); 70 if txfs itself failed.",
     ))]
     Run {
         /// Reruns after a lost conflict.
         #[arg(long, default_value_t = 3)]
         retries: u32,
-        /// The mount (default: $TXFS_MOUNT, or the only txfs mount).
+        /// The mount (default: $TXFS_MOUNT, or the only txfs mount, or the
+        /// one holding the current directory, or the one CMD's absolute
+        /// path arguments are in).
         #[arg(long)]
         mount: Option<PathBuf>,
         /// Ordered commit: return once the order is fixed, durable later.
@@ -164,12 +195,12 @@ enum Cmd {
         "Example:\n  txfs recover /srv/data && rsync -a /srv/data/ backup/\n\n",
         "A progress line goes to stderr when it is a terminal, or with --progress.\n",
         "Exit status: 0 recovered; 1 on error (damage before the journal's tail,\n",
-        "BACKING in use by a mount).\n\n",
+        "BACKING in use by a mount, BACKING not a txfs backing: no .txfs/).\n\n",
     ), after_long_help = concat!(
         "Example:\n  txfs recover /srv/data && rsync -a /srv/data/ backup/\n\n",
         "A progress line goes to stderr when it is a terminal, or with --progress.\n",
         "Exit status: 0 recovered; 1 on error (damage before the journal's tail,\n",
-        "BACKING in use by a mount).\n\n",
+        "BACKING in use by a mount, BACKING not a txfs backing: no .txfs/).\n\n",
      files_help!()))]
     Recover {
         backing: PathBuf,
@@ -185,11 +216,13 @@ enum Cmd {
     #[command(after_help = concat!(
         "Example:\n  txfs check /srv/data || echo damaged\n\n",
         "A progress line goes to stderr when it is a terminal, or with --progress.\n",
-        "Exit status: 0 no damage (a torn tail is not damage); 1 damage or error.\n\n",
+        "Exit status: 0 no damage (a torn tail is not damage); 1 damage or error\n",
+        "(also: BACKING is not a txfs backing, it has no .txfs/).\n\n",
     ), after_long_help = concat!(
         "Example:\n  txfs check /srv/data || echo damaged\n\n",
         "A progress line goes to stderr when it is a terminal, or with --progress.\n",
-        "Exit status: 0 no damage (a torn tail is not damage); 1 damage or error.\n\n",
+        "Exit status: 0 no damage (a torn tail is not damage); 1 damage or error\n",
+        "(also: BACKING is not a txfs backing, it has no .txfs/).\n\n",
      files_help!()))]
     Check {
         backing: PathBuf,
@@ -209,7 +242,14 @@ enum Cmd {
 pub fn main() -> ExitCode {
     // `mount -t fuse.txfs BACKING MNT -o opts` runs `mount.fuse.txfs BACKING MNT -o opts`.
     let argv0 = std::env::args_os().next().unwrap_or_default();
-    let cli = if Path::new(&argv0).file_name().is_some_and(|n| n == "mount.fuse.txfs") {
+    // And mount.fuse3 (`mount -t fuse.txfs` without the mount.fuse.txfs
+    // link, or `txfs#BACKING` in fstab) runs `txfs BACKING MNT -o opts`.
+    let first = std::env::args_os().nth(1);
+    let subcommands = ["mount", "umount", "status", "run", "recover", "check", "help", "__heal"];
+    let helper_form =
+        first.as_ref().is_some_and(|a| !a.as_bytes().starts_with(b"-") && !subcommands.iter().any(|s| a == *s))
+            && std::env::args_os().len() >= 3;
+    let cli = if helper_form || Path::new(&argv0).file_name().is_some_and(|n| n == "mount.fuse.txfs") {
         let mut args: Vec<std::ffi::OsString> = vec!["txfs".into(), "mount".into()];
         args.extend(std::env::args_os().skip(1));
         Cli::parse_from(args)
@@ -217,7 +257,7 @@ pub fn main() -> ExitCode {
         Cli::parse()
     };
     let r = match cli.cmd {
-        Cmd::Mount { backing, mountpoint, foreground, options } => {
+        Cmd::Mount { backing, mountpoint, foreground, options, .. } => {
             mount::mount(&backing, &mountpoint, foreground, &options)
         }
         Cmd::Umount { mountpoint } => umount::umount(&mountpoint),
@@ -306,7 +346,79 @@ pub(crate) fn human(bytes: u64) -> String {
 
 pub(crate) fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TXFS_LOG").unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colours only on a terminal: daemon.log and journald get plain text.
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal();
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi);
+    // Started by `txfs mount` (no -f): stderr is BACKING/.txfs/daemon.log.
+    let _ = match std::env::var_os(DAEMON_LOG) {
+        Some(path) => fmt.with_writer(RotatingLog::new(PathBuf::from(path))).try_init(),
+        None => fmt.with_writer(std::io::stderr).try_init(),
+    };
+}
+
+/// The environment variable by which `txfs mount` tells its daemon that
+/// stderr is this log file (to be rotated).
+pub(crate) const DAEMON_LOG: &str = "TXFS_DAEMON_LOG";
+
+/// How large daemon.log grows before it becomes daemon.log.1 (the one
+/// before is dropped): `$TXFS_LOG_MAX_BYTES`, else 16 MiB.
+pub(crate) fn log_cap() -> u64 {
+    std::env::var("TXFS_LOG_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(16 << 20).max(1024)
+}
+
+/// stderr, which is daemon.log: past [`log_cap`] bytes, the file becomes
+/// daemon.log.1 and a new daemon.log (0600) takes over descriptor 2 (so
+/// that anything else written to stderr follows).
+pub(crate) struct RotatingLog {
+    path: PathBuf,
+    cap: u64,
+    /// Bytes in the current file.
+    size: parking_lot::Mutex<u64>,
+}
+
+impl RotatingLog {
+    fn new(path: PathBuf) -> RotatingLog {
+        let size = std::fs::metadata("/proc/self/fd/2").map(|m| m.len()).unwrap_or(0);
+        RotatingLog { path, cap: log_cap(), size: parking_lot::Mutex::new(size) }
+    }
+}
+
+/// Renames `path` to `path.1` (replacing it) and opens a new one, 0600.
+pub(crate) fn rotate_log(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut old = path.as_os_str().to_owned();
+    old.push(".1");
+    std::fs::rename(path, &old)?;
+    mount::open_log(path)
+}
+
+/// One write to the log, under the size lock.
+pub(crate) struct LogWrite<'a>(&'a RotatingLog);
+
+impl std::io::Write for LogWrite<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut size = self.0.size.lock();
+        std::io::stderr().write_all(buf)?;
+        *size += buf.len() as u64;
+        if *size >= self.0.cap {
+            if let Ok(f) = rotate_log(&self.0.path) {
+                // SAFETY: dup2 of a descriptor we own onto stderr.
+                unsafe { libc::dup2(f.as_raw_fd(), 2) };
+                *size = 0;
+            }
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for RotatingLog {
+    type Writer = LogWrite<'a>;
+    fn make_writer(&'a self) -> LogWrite<'a> {
+        LogWrite(self)
+    }
 }
 
 /// Holds BACKING/.txfs/lock: one user of a backing directory at a time.
@@ -325,9 +437,57 @@ pub(crate) fn lock_backing(backing: &Path) -> Result<std::fs::File, String> {
         .map_err(|e| format!("{}: {e}", meta.join("lock").display()))?;
     // SAFETY: flock on a valid fd.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(format!("{} is in use (mounted, or being recovered)", backing.display()));
+        let source = format!("txfs:{}", backing.display());
+        let at = crate::attribution::mountinfo::entries(&crate::attribution::mountinfo::own())
+            .find(|m| m.source == source)
+            .map(|m| m.point);
+        return Err(match at {
+            Some(p) => format!("{} is in use: mounted at {}", backing.display(), p.display()),
+            None => format!("{} is in use (by a daemon starting or stopping, or txfs recover)", backing.display()),
+        });
     }
     Ok(f)
+}
+
+/// The pids holding a flock on `file`, from /proc/locks (lines such as
+/// `1: FLOCK  ADVISORY  WRITE 4242 00:2a:1234 0 EOF`, device in hex).
+pub(crate) fn lock_holders(file: &Path) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = std::fs::metadata(file) else { return Vec::new() };
+    let want = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(md.dev() as libc::dev_t),
+        libc::minor(md.dev() as libc::dev_t),
+        md.ino()
+    );
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    locks
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Held locks only, not waiters ("->").
+            if f.get(1) != Some(&"FLOCK") || f.get(5) != Some(&want.as_str()) {
+                return None;
+            }
+            f.get(4)?.parse().ok()
+        })
+        .collect()
+}
+
+/// Refuses a directory that holds no txfs state (no `.txfs/`): `check`
+/// and `recover` of a wrong path must not succeed silently, nor create it.
+pub(crate) fn require_backing(backing: &Path) -> Result<(), String> {
+    if !backing.is_dir() {
+        return Err(format!("{}: not a directory", backing.display()));
+    }
+    if !backing.join(txfs_engine::META_DIR).is_dir() {
+        return Err(format!(
+            "{}: not a txfs backing directory (it has no {}/; txfs mount makes one)",
+            backing.display(),
+            txfs_engine::META_DIR
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn open_engine(backing: &Path, opts: Options) -> Result<Engine, String> {

@@ -6,6 +6,7 @@ use txfs_engine::Options;
 
 pub fn recover(backing: &Path, progress: bool) -> Result<(), String> {
     init_logs();
+    super::require_backing(backing)?;
     let _lock = lock_backing(backing)?;
     let _progress = Progress::start("recover", backing, progress);
     let engine = open_engine(backing, Options { flush_interval: None, ..Default::default() })?;

@@ -139,7 +139,7 @@ impl Drop for View {
 }
 
 pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) -> ExitCode {
-    let point = match mountinfo::resolve(mount) {
+    let point = match mountinfo::resolve(mount, cmd) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("txfs run: {e}");
@@ -192,9 +192,12 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
         let view = if want_view { View::open(nodev) } else { None };
         let mut go = [0i32; 2];
         let mut ready = [0i32; 2];
+        // The child's errno if its exec fails (closed by a successful exec).
+        let mut exec_err = [0i32; 2];
         // SAFETY: valid 2-element arrays.
         if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0
             || unsafe { libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+            || unsafe { libc::pipe2(exec_err.as_mut_ptr(), libc::O_CLOEXEC) } != 0
         {
             eprintln!("txfs run: pipe: {}", std::io::Error::last_os_error());
             return ExitCode::from(EX_SOFTWARE);
@@ -210,6 +213,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
             unsafe {
                 libc::close(go[1]);
                 libc::close(ready[0]);
+                libc::close(exec_err[0]);
                 let mounted = view.as_ref().is_some_and(|v| v.mount_in_child(&point_c));
                 if let Some(v) = &view {
                     // Only the daemon may hold the connection: if it never
@@ -247,7 +251,11 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                     }
                 }
                 libc::execvp(ptrs[0], ptrs.as_ptr());
-                libc::_exit(127);
+                // As shells do: 127 for a command not found, 126 for one
+                // that cannot be run; the parent prints why.
+                let e = *libc::__errno_location();
+                libc::write(exec_err[1], (&e as *const i32).cast(), 4);
+                libc::_exit(if e == libc::ENOENT || e == libc::ENOTDIR { 127 } else { 126 });
             }
         }
         relay_signals_to(Some(pid));
@@ -255,6 +263,7 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
         unsafe {
             libc::close(go[0]);
             libc::close(ready[1]);
+            libc::close(exec_err[1]);
         }
         let mut r = 0u8;
         // SAFETY: one byte into a local.
@@ -292,6 +301,12 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
             }
         }
         relay_signals_to(None);
+        let mut e = [0u8; 4];
+        // SAFETY: 4 bytes into a local; every write end is closed by now.
+        let got = unsafe { libc::read(exec_err[0], e.as_mut_ptr().cast(), 4) };
+        // SAFETY: our end.
+        unsafe { libc::close(exec_err[0]) };
+        let exec_failed = (got == 4).then(|| std::io::Error::from_raw_os_error(i32::from_ne_bytes(e)));
         if let Err(e) = registered {
             eprintln!("txfs run: could not start a transaction on {}: {e}", point.display());
             return ExitCode::from(EX_SOFTWARE);
@@ -315,7 +330,10 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                 eprintln!("txfs run: conflict after {retries} retries: nothing of the command survived");
                 return ExitCode::from(EX_TEMPFAIL);
             }
-            eprintln!("txfs run: command exited with status {code}: transaction aborted");
+            match &exec_failed {
+                Some(e) => eprintln!("txfs run: {}: {e}: transaction aborted", cmd[0].to_string_lossy()),
+                None => eprintln!("txfs run: command exited with status {code}: transaction aborted"),
+            }
             return ExitCode::from(code as u8);
         }
         match run_ioctl(&dir, pid as u32, wire::RUN_COMMIT, flags, -1) {

@@ -51,44 +51,101 @@ pub(super) fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'st
 }
 
 pub fn status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), String> {
+    match print_status(point, json, watch) {
+        // A reader that has seen enough (`txfs status M | head -1`).
+        Err(Failure::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(Failure::Io(e)) => Err(format!("stdout: {e}")),
+        Err(Failure::Other(e)) => Err(e),
+        Ok(()) => Ok(()),
+    }
+}
+
+enum Failure {
+    Io(std::io::Error),
+    Other(String),
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        Failure::Io(e)
+    }
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Failure {
+        Failure::Other(e)
+    }
+}
+
+/// Seconds since the epoch, and the time of day in UTC (`HH:MM:SS`).
+fn now() -> (f64, String) {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let s = t.as_secs() % 86400;
+    (t.as_secs_f64(), format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60))
+}
+
+fn json_line(vals: &[(&'static str, u64)], time: Option<f64>) -> String {
+    let mut obj: serde_json::Map<String, serde_json::Value> =
+        vals.iter().map(|(n, v)| (n.to_string(), serde_json::Value::from(*v))).collect();
+    if let Some(t) = time {
+        obj.insert("time".into(), serde_json::Value::from((t * 1000.0).round() / 1000.0));
+    }
+    serde_json::Value::Object(obj).to_string()
+}
+
+fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
     let dir = std::fs::File::open(point).map_err(|e| format!("{}: {e}", point.display()))?;
     let vals = read_status(&dir, point)?;
     if json {
-        let obj: serde_json::Map<String, serde_json::Value> =
-            vals.iter().map(|(n, v)| (n.to_string(), serde_json::Value::from(*v))).collect();
-        println!("{}", serde_json::Value::Object(obj));
+        // With --watch, one object a line (NDJSON), each with its time.
+        writeln!(out, "{}", json_line(&vals, watch.map(|_| now().0)))?;
     } else if watch.is_none() {
-        println!("{}", point.display());
+        writeln!(out, "{}", point.display())?;
+        let width = vals.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + 2;
         for (n, v) in &vals {
             let unit = if n.contains("bytes") || n.starts_with("checkpoint_") {
                 format!("  ({})", human(*v))
             } else {
                 String::new()
             };
-            println!("  {n:<21}{v}{unit}");
+            writeln!(out, "  {n:<width$}{v}{unit}")?;
         }
     }
+    out.flush()?;
     let Some(every) = watch else { return Ok(()) };
     let every = Duration::from_secs_f64(every.max(0.05));
-    println!(
-        "{:>10} {:>9} {:>8} {:>9} {:>5} {:>11} {:>11}",
-        "commits/s", "aborts/s", "confl/s", "syncs/s", "live", "ckpt_lag", "checkpoints"
-    );
+    if !json {
+        writeln!(
+            out,
+            "{:<8} {:>10} {:>9} {:>8} {:>9} {:>5} {:>11} {:>11}",
+            "UTC", "commits/s", "aborts/s", "confl/s", "syncs/s", "live", "ckpt_lag", "checkpoints"
+        )?;
+        out.flush()?;
+    }
     let mut prev = vals;
     loop {
         std::thread::sleep(every);
-        let now = read_status(&dir, point)?;
-        let rate = |i: usize| (now[i].1.saturating_sub(prev[i].1)) as f64 / every.as_secs_f64();
-        println!(
-            "{:>10.0} {:>9.0} {:>8.0} {:>9.0} {:>5} {:>11} {:>11}",
-            rate(0),
-            rate(1),
-            rate(2),
-            rate(5),
-            now[3].1,
-            human(now[8].1),
-            now[6].1
-        );
-        prev = now;
+        let now_vals = read_status(&dir, point)?;
+        let (t, clock) = now();
+        if json {
+            writeln!(out, "{}", json_line(&now_vals, Some(t)))?;
+        } else {
+            let rate = |i: usize| (now_vals[i].1.saturating_sub(prev[i].1)) as f64 / every.as_secs_f64();
+            writeln!(
+                out,
+                "{clock:<8} {:>10.0} {:>9.0} {:>8.0} {:>9.0} {:>5} {:>11} {:>11}",
+                rate(0),
+                rate(1),
+                rate(2),
+                rate(5),
+                now_vals[3].1,
+                human(now_vals[8].1),
+                now_vals[6].1
+            )?;
+        }
+        out.flush()?;
+        prev = now_vals;
     }
 }

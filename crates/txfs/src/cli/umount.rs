@@ -13,10 +13,6 @@ use std::time::{Duration, Instant};
 
 pub fn umount(point: &Path) -> Result<(), String> {
     let m = mountinfo::find(point).ok_or_else(|| format!("{}: not a txfs mount", point.display()))?;
-    let pid = m
-        .backing()
-        .and_then(|b| std::fs::read_to_string(b.join(".txfs/daemon.pid")).ok())
-        .and_then(|s| s.trim().parse::<i32>().ok());
     let c = std::ffi::CString::new(m.point.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
     // The mount's device; its minor is the FUSE connection's number.
     let id = busy::ident(&m.point);
@@ -82,26 +78,48 @@ pub fn umount(point: &Path) -> Result<(), String> {
             let _ = std::fs::write(dir.join("abort"), "1");
         }
     }
-    if let Some(pid) = pid {
-        let deadline = Instant::now() + Duration::from_secs(600);
-        // A zombie (exited, not yet reaped by its parent) is done too.
-        let running = |pid: i32| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-                .unwrap_or(false)
-        };
-        let mut said = false;
-        let t0 = Instant::now();
-        while running(pid) && Instant::now() < deadline {
-            if !said && t0.elapsed() > Duration::from_secs(5) {
-                eprintln!("txfs umount: waiting for the daemon (pid {pid}) to finish its final checkpoint");
-                said = true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    if let Some(backing) = m.backing() {
+        wait_for_daemon(&backing, &m.point)?;
     }
     Ok(())
+}
+
+/// Waits until no process holds BACKING/.txfs/lock (the daemon drops it
+/// once its final checkpoint is done; a pid in daemon.pid may be stale or
+/// reused, the lock is not). Gives up, with an error, after 600 s.
+fn wait_for_daemon(backing: &Path, point: &Path) -> Result<(), String> {
+    #[allow(unused_mut)]
+    let mut limit = Duration::from_secs(600);
+    // For tests/umount.rs only: a shorter wait.
+    #[cfg(any(feature = "testing", debug_assertions))]
+    if let Some(s) = std::env::var("TXFS_TEST_UMOUNT_WAIT_S").ok().and_then(|v| v.parse().ok()) {
+        limit = Duration::from_secs(s);
+    }
+    let lock = backing.join(".txfs/lock");
+    let t0 = Instant::now();
+    let mut said = false;
+    loop {
+        let holders = super::lock_holders(&lock);
+        if holders.is_empty() {
+            return Ok(());
+        }
+        let who = holders.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
+        if t0.elapsed() >= limit {
+            return Err(format!(
+                "unmounted {}, but gave up after {} s waiting for the daemon (pid {who}) to finish its final \
+                 checkpoint: it still holds {} (see {})",
+                point.display(),
+                limit.as_secs(),
+                lock.display(),
+                backing.join(".txfs/daemon.log").display()
+            ));
+        }
+        if !said && t0.elapsed() > Duration::from_secs(5) {
+            eprintln!("txfs umount: waiting for the daemon (pid {who}) to finish its final checkpoint");
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// `umount2(point)`; a busy answer while no process visibly holds the

@@ -442,6 +442,21 @@ impl Mount {
         }
     }
 
+    /// Sends `sig` to the daemon (as Ctrl-C, systemd or a hangup would) and
+    /// waits up to `timeout` for it to exit; `None` if it did not.
+    pub fn signal_daemon(&mut self, sig: i32, timeout: Duration) -> Option<ExitStatus> {
+        self.ctl.lock().unwrap().take();
+        let mut child = self.daemon.take().expect("no daemon running");
+        // SAFETY: our child, not reaped yet.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let st = wait_timeout(&mut child, timeout);
+        self.daemon_pid.store(0, Ordering::SeqCst);
+        if st.is_some() {
+            self.conn.store(0, Ordering::SeqCst);
+        }
+        st
+    }
+
     /// SIGKILLs the daemon (a crash) and detaches the dead mount (`umount -l`).
     pub fn kill_daemon(&mut self) {
         self.ctl.lock().unwrap().take();

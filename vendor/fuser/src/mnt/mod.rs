@@ -207,7 +207,12 @@ fn is_mounted(fuse_device: &DevFuse) -> bool {
         let res = poll(slice::from_mut(&mut poll_fd), PollTimeout::ZERO);
         break match res {
             Ok(0) => true,
-            Ok(1) => poll_fd
+            // POLLERR: the kernel ended the connection (unmounted or
+            // aborted): not mounted any more. (The release had it the other
+            // way round: every session end tried a second unmount of the
+            // mount point, which fails with EINVAL — or unmounts a file
+            // system mounted there since.)
+            Ok(1) => !poll_fd
                 .revents()
                 .is_some_and(|r| r.contains(PollFlags::POLLERR)),
             Ok(_) => unreachable!(),
