@@ -205,7 +205,12 @@ impl TxFs {
                         match r {
                             Ok(()) => Ok((Vec::new(), pages)),
                             Err(err) => {
-                                tracing::info!(tid, %tx, "commit failed: {err}");
+                                // A conflict is routine (the caller retries): not an INFO line each.
+                                if err.is_conflict() {
+                                    tracing::debug!(tid, %tx, "commit failed: {err}");
+                                } else {
+                                    tracing::info!(tid, %tx, "commit failed: {err}");
+                                }
                                 self.after(pages, || {});
                                 Err(errno(&err))
                             }
@@ -320,7 +325,11 @@ impl TxFs {
                                 Ok((Vec::new(), pages))
                             }
                             Err(err) => {
-                                tracing::info!(pid, %tx, "process tree commit failed: {err}");
+                                if err.is_conflict() {
+                                    tracing::debug!(pid, %tx, "process tree commit failed: {err}");
+                                } else {
+                                    tracing::info!(pid, %tx, "process tree commit failed: {err}");
+                                }
                                 self.after(pages, || {});
                                 Err(errno(&err))
                             }
