@@ -278,3 +278,27 @@ fn nothing_is_made_in_a_removed_directory() {
     drop(e);
     Engine::open(fs, opts()).expect("the backing opens again");
 }
+
+/// Story (the crash campaign, the first run after the fix above): a
+/// transaction that began before another committed the removal of a
+/// directory got ENOENT renaming into it, though its snapshot holds the
+/// directory: the liveness check read the link count, which shows current
+/// values, not the snapshot's. Such a transaction must lose a conflict (it
+/// read what the removal changed), never see the removal.
+#[test]
+fn a_removal_committed_after_begin_is_a_conflict_not_enoent() {
+    let fs = Arc::new(MemFs::new());
+    let e = Engine::open(fs, opts()).unwrap();
+    e.mkdir(None, ObjId::ROOT, os("d"), 0o755, 0, 0).unwrap();
+    let d = e.lookup(None, ObjId::ROOT, os("d")).unwrap().obj;
+    e.create(None, ObjId::ROOT, os("f"), 0o644, 0, 0).unwrap();
+    let t1 = e.begin();
+    let t2 = e.begin();
+    e.rmdir(Some(t2), ObjId::ROOT, os("d")).unwrap();
+    e.commit(t2, Durability::Durable).unwrap();
+    let r = e.rename(Some(t1), ObjId::ROOT, os("f"), d, os("g"), Default::default());
+    assert!(matches!(r, Err(Error::Conflict { .. })), "{r:?}");
+    let t3 = e.begin();
+    let r = e.create(Some(t3), d, os("h"), 0o644, 0, 0);
+    assert_eq!(r.map(|_| ()).map_err(|e| e.errno()), Err(libc::ENOENT), "a transaction begun after the removal");
+}

@@ -292,8 +292,14 @@ impl State {
     /// outlived its removal; the kernel no longer stops that itself, since
     /// a transaction removes a private inode, not the one others hold. A
     /// name made there could never be checkpointed.
+    ///
+    /// The directory's metadata is read first (the callers read it anyway):
+    /// a removal committed after `tx` began is a conflict, not ENOENT —
+    /// link counts show current values ([`State::attr_unrecorded`]), not
+    /// the snapshot's, so only a removal `tx` may see answers ENOENT.
     pub(super) fn expect_live_dir(&mut self, tx: &mut Tx, o: ObjId) -> Result<()> {
         self.expect_dir(tx, o)?;
+        self.read_meta(tx, o)?;
         if self.attr_unrecorded(Some(tx), o)?.nlink == 0 {
             return Err(Error::posix("create", format!("{o} was removed"), libc::ENOENT));
         }
