@@ -40,7 +40,7 @@ mod crash;
 mod mem;
 mod real;
 
-pub use crash::{CrashFs, CrashPlan};
+pub use crash::{CrashFs, CrashPlan, Persistence};
 pub use mem::MemFs;
 pub use real::RealFs;
 
