@@ -43,14 +43,11 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::Arc;
 
-fn ensure_dir(s: &dyn Storage, p: &Path) -> Result<bool> {
+fn ensure_dir(s: &dyn Storage, p: &Path) -> Result<()> {
     match s.lstat(p) {
-        Ok(m) if m.kind == FileKind::Dir => Ok(false),
+        Ok(m) if m.kind == FileKind::Dir => Ok(()),
         Ok(_) => Err(Error::posix("init", format!("{} exists and is not a directory", p.display()), libc::ENOTDIR)),
-        Err(e) if is_missing(&e) => {
-            s.mkdir(p, 0o700).ctx("init", || p.display().to_string())?;
-            Ok(true)
-        }
+        Err(e) if is_missing(&e) => s.mkdir(p, 0o700).ctx("init", || p.display().to_string()),
         Err(e) => Err(Error::io("init", p.display().to_string(), e)),
     }
 }
@@ -88,16 +85,16 @@ fn parse_hex(n: &OsStr, prefix: &str, suffix: &str) -> Option<u64> {
 pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State> {
     let s = &*storage;
     let meta = Path::new(META_DIR);
-    let mut made = ensure_dir(s, meta)?;
-    if made {
-        s.fsync(Path::new("")).ctx("init", || "backing root".into())?;
-    }
+    ensure_dir(s, meta)?;
     for sub in ["journal", "stage", "orphans", "data"] {
-        made |= ensure_dir(s, &meta.join(sub))?;
+        ensure_dir(s, &meta.join(sub))?;
     }
-    if made {
-        s.fsync(meta).ctx("init", || META_DIR.into())?;
-    }
+    // Every commit depends on these names. Whoever made them (this open,
+    // an earlier one killed before its syncs, or `txfs mount` locking the
+    // backing), they are made durable before anything is acknowledged: on
+    // every open, two directory fsyncs.
+    s.fsync(meta).ctx("init", || META_DIR.into())?;
+    s.fsync(Path::new("")).ctx("init", || "backing root".into())?;
     // A spare journal is never trusted after a crash: a rename cut short can
     // leave it a second name of the live journal (journal.rs, "Recycled
     // journals").

@@ -26,6 +26,12 @@
 //! versus torn tails (4), a pre-populated backing as the initial state (5),
 //! and focused regressions of bugs the sweeps found.
 //!
+//! Every sweep runs twice: with the ext4-like ordered model, and (tests
+//! named `*_conservative`, fewer seeds by default) with the conservative
+//! one ([`Persistence::Conservative`]: namespace changes lost independently
+//! unless their directories were fsynced, writes torn at 4 KiB), which the
+//! protocol must survive too (issue 28).
+//!
 //! Reproducing a failure: every panic message names the test, the seed, the
 //! step and the crash plan; `TXFS_CRASH_SEED=<seed>` runs only that seed,
 //! `TXFS_CRASH_SEEDS=<n>` runs `n` seeds per test (default: a fixed set),
@@ -37,13 +43,14 @@ mod common;
 use common::{dump_engine, dump_storage, leftovers, Node, Tree};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::cell::Cell;
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use txfs_engine::journal::{FILE_HEADER_LEN, REC_HEADER_LEN};
-use txfs_engine::storage::{CrashFs, CrashPlan, MemFs, Storage};
+use txfs_engine::storage::{CrashFs, CrashPlan, MemFs, Persistence, Storage};
 use txfs_engine::{Durability, Engine, Error, FileKind, ObjId, Options, RenameFlags, SetAttr, TxId, META_DIR};
 
 // ----- configuration ---------------------------------------------------------
@@ -65,6 +72,33 @@ fn seeds(base: u64, default_n: u64) -> Vec<u64> {
 /// Workload length: `default` steps, or `TXFS_CRASH_STEPS` if set.
 fn steps(default: usize) -> usize {
     env_u64("TXFS_CRASH_STEPS").map_or(default, |n| n as usize)
+}
+
+thread_local! {
+    /// The persistence model of the test running on this thread.
+    static MODEL: Cell<Persistence> = const { Cell::new(Persistence::Ordered) };
+}
+
+/// A power-cuttable storage starting from `m`, crashing with the model of
+/// the running test.
+fn crash_fs(m: MemFs) -> CrashFs {
+    CrashFs::with_persistence(m, MODEL.with(Cell::get))
+}
+
+/// Runs `f` with the conservative persistence model ([`Persistence`]):
+/// namespace changes lost independently unless their directories were
+/// fsynced, attribute changes unless their inode was, writes torn at 4 KiB.
+fn conservative<R>(f: impl FnOnce() -> R) -> R {
+    MODEL.with(|m| m.set(Persistence::Conservative));
+    f()
+}
+
+/// " (conservative model)" when the running test uses it.
+fn model_tag() -> &'static str {
+    match MODEL.with(Cell::get) {
+        Persistence::Ordered => "",
+        Persistence::Conservative => " (conservative model)",
+    }
 }
 
 fn verbose() -> bool {
@@ -252,7 +286,7 @@ fn verify_exact(img: MemFs, want: &Tree, ctx: &str) {
 /// loses nothing, and a commit made after recovery (appended after a
 /// possibly cut journal tail) survives a further power cut.
 fn check_image(img: MemFs, model: &Model, min: usize, ctx: &str, deep: Option<u64>) -> usize {
-    let cfs = Arc::new(CrashFs::new(img));
+    let cfs = Arc::new(crash_fs(img));
     let engine = open_or_panic(cfs.clone(), ctx);
     let got = dump_engine(&engine, None);
     let Some(j) = model.find(&got, min) else {
@@ -392,7 +426,7 @@ impl<'a> Workload<'a> {
     }
 
     fn ctx(&self) -> String {
-        format!("[{} seed={} step={} call={}]", self.name, self.seed, self.step, self.calls)
+        format!("[{}{} seed={} step={} call={}]", self.name, model_tag(), self.seed, self.step, self.calls)
     }
 
     fn reached(&self) -> bool {
@@ -901,7 +935,7 @@ fn initial_fs(seed: u64, populated: bool) -> MemFs {
 /// Returns (crash states checked, commits made).
 fn power_cut_run(seed: u64, steps: usize, rate: f64) -> (u64, u64) {
     let populated = seed % 2 == 1;
-    let cfs = CrashFs::new(initial_fs(seed, populated));
+    let cfs = crash_fs(initial_fs(seed, populated));
     let initial = dump_storage(&cfs);
     let fs: Arc<CrashFs> = Arc::new(cfs);
     let engine = Engine::open(fs.clone(), work_opts(seed, true)).expect("open");
@@ -943,14 +977,25 @@ fn power_cut_run(seed: u64, steps: usize, rate: f64) -> (u64, u64) {
 
 #[test]
 fn power_cuts_leave_a_durable_prefix() {
+    power_cuts(1, 60, "power cuts");
+}
+
+/// The same under [`Persistence::Conservative`] (fewer seeds by default:
+/// `TXFS_CRASH_SEEDS` sets both).
+#[test]
+fn power_cuts_leave_a_durable_prefix_conservative() {
+    conservative(|| power_cuts(1001, 16, "power cuts under the conservative model"));
+}
+
+fn power_cuts(base: u64, n: u64, label: &str) {
     let t0 = Instant::now();
     let (mut states, mut commits) = (0, 0);
-    for seed in seeds(1, 60) {
+    for seed in seeds(base, n) {
         let (c, n) = power_cut_run(seed, steps(150), 0.3);
         states += c;
         commits += n;
     }
-    eprintln!("power cuts: {states} crash states, {commits} commits, {:?}", t0.elapsed());
+    eprintln!("{label}: {states} crash states, {commits} commits, {:?}", t0.elapsed());
 }
 
 // ----- 2. crash during recovery ----------------------------------------------------------------
@@ -962,7 +1007,7 @@ fn dying_image(seed: u64) -> (MemFs, Model, String) {
     let populated = seed % 2 == 0;
     let initial_mem = initial_fs(seed, populated);
     let initial = dump_storage(&initial_mem);
-    let fs = Arc::new(CrashFs::new(initial_mem));
+    let fs = Arc::new(crash_fs(initial_mem));
     let engine = Engine::open(fs.clone(), work_opts(seed, false)).expect("open");
     // Let it run a while, then arm the failpoint somewhere ahead.
     let mut w = Workload::new(&engine, "recovery_crash", seed, initial);
@@ -984,17 +1029,26 @@ fn dying_image(seed: u64) -> (MemFs, Model, String) {
 
 #[test]
 fn crash_during_recovery_is_recovered_again() {
+    crash_during_recovery(100, 60, "crash during recovery");
+}
+
+#[test]
+fn crash_during_recovery_is_recovered_again_conservative() {
+    conservative(|| crash_during_recovery(1100, 20, "crash during recovery under the conservative model"));
+}
+
+fn crash_during_recovery(base: u64, n: u64, label: &str) {
     let t0 = Instant::now();
     let mut states = 0u64;
     let mut attempts = 0u64;
-    for seed in seeds(100, 60) {
+    for seed in seeds(base, n) {
         let (img, model, ctx0) = dying_image(seed);
         // A pristine copy of the image to start every attempt from.
-        let base = CrashFs::new(img);
+        let base = crash_fs(img);
         let mut r = SmallRng::seed_from_u64(seed ^ 0xabcd);
         let mut k = 0u64;
         loop {
-            let fs = Arc::new(CrashFs::new(base.crash(&mut CrashPlan::keep_all())));
+            let fs = Arc::new(crash_fs(base.crash(&mut CrashPlan::keep_all())));
             fs.set_fail_after(Some(k));
             attempts += 1;
             let ctx = format!("{ctx0}; recovery killed after {k} storage ops");
@@ -1031,7 +1085,7 @@ fn crash_during_recovery_is_recovered_again() {
         }
     }
     {
-        eprintln!("crash during recovery: {states} crash states, {attempts} killed recoveries, {:?}", t0.elapsed());
+        eprintln!("{label}: {states} crash states, {attempts} killed recoveries, {:?}", t0.elapsed());
     }
 }
 
@@ -1042,7 +1096,7 @@ fn crash_during_recovery_is_recovered_again() {
 fn run_with_failpoint(seed: u64, steps: usize, populated: bool, n: Option<u64>) -> (Arc<CrashFs>, Model, bool, String) {
     let initial_mem = initial_fs(seed, populated);
     let initial = dump_storage(&initial_mem);
-    let fs = Arc::new(CrashFs::new(initial_mem));
+    let fs = Arc::new(crash_fs(initial_mem));
     fs.set_fail_after(n);
     let name = "failpoints";
     let engine = match Engine::open(fs.clone(), work_opts(seed, false)) {
@@ -1083,10 +1137,19 @@ fn run_with_failpoint(seed: u64, steps: usize, populated: bool, n: Option<u64>) 
 
 #[test]
 fn failpoint_at_every_storage_op() {
+    failpoints(200, 6, "failpoints");
+}
+
+#[test]
+fn failpoint_at_every_storage_op_conservative() {
+    conservative(|| failpoints(1200, 2, "failpoints under the conservative model"));
+}
+
+fn failpoints(base: u64, n: u64, label: &str) {
     let t0 = Instant::now();
     let mut states = 0u64;
     let mut points = 0u64;
-    for seed in seeds(200, 6) {
+    for seed in seeds(base, n) {
         let populated = seed % 2 == 1;
         let steps = steps(30);
         let (clean, _, _, _) = run_with_failpoint(seed, steps, populated, None);
@@ -1119,7 +1182,7 @@ fn failpoint_at_every_storage_op() {
         }
     }
     {
-        eprintln!("failpoints: {points} death points, {states} crash states, {:?}", t0.elapsed());
+        eprintln!("{label}: {points} death points, {states} crash states, {:?}", t0.elapsed());
     }
 }
 
@@ -1151,7 +1214,7 @@ fn read_all(s: &dyn Storage, path: &Path) -> Vec<u8> {
 fn journal_fixture(populated: bool) -> (CrashFs, Model) {
     let initial_mem = initial_fs(7, populated);
     let initial = dump_storage(&initial_mem);
-    let fs = Arc::new(CrashFs::new(initial_mem));
+    let fs = Arc::new(crash_fs(initial_mem));
     let engine = Engine::open(fs.clone(), Options { checkpoint_bytes: u64::MAX, ..opts() }).expect("open");
     let mut model = Model::new(initial);
     let r = ObjId::ROOT;
@@ -1300,7 +1363,7 @@ fn journal_damage_is_reported_and_torn_tail_is_cut() {
             let mut n = 0;
             loop {
                 // Opening checkpoints the journal: kill that checkpoint.
-                let fresh = Arc::new(CrashFs::new(base.crash(&mut CrashPlan::keep_all())));
+                let fresh = Arc::new(crash_fs(base.crash(&mut CrashPlan::keep_all())));
                 fresh.set_fail_after(Some(n));
                 let died = Engine::open(fresh.clone(), opts()).is_err();
                 assert!(died, "{ctx0}: recovery never persisted a plan before finishing");
@@ -1318,7 +1381,7 @@ fn journal_damage_is_reported_and_torn_tail_is_cut() {
             }
         };
         let (img, plan_path) = plan_img;
-        let plan_base = CrashFs::new(img);
+        let plan_base = crash_fs(img);
         let plan_len = plan_base.lstat(&plan_path).unwrap().size;
         for off in (0..plan_len).step_by((plan_len as usize / 40).max(1)) {
             let ctx = format!("{ctx0} byte {off} of the persisted plan {} flipped", plan_path.display());
@@ -1395,9 +1458,18 @@ fn untouched_backing_is_the_initial_state_and_close_leaves_the_model() {
 /// storage op, then power-cuts: the next open must succeed on an empty tree.
 #[test]
 fn first_open_killed_at_every_step() {
+    first_open_killed_at_every_step_body();
+}
+
+#[test]
+fn first_open_killed_at_every_step_conservative() {
+    conservative(first_open_killed_at_every_step_body);
+}
+
+fn first_open_killed_at_every_step_body() {
     let empty = Tree::new();
     for n in 0.. {
-        let fs = Arc::new(CrashFs::new(MemFs::new()));
+        let fs = Arc::new(crash_fs(MemFs::new()));
         fs.set_fail_after(Some(n));
         let done = Engine::open(fs.clone(), opts()).is_ok();
         for (label, mut plan) in [
@@ -1405,7 +1477,8 @@ fn first_open_killed_at_every_step() {
             ("drop_all", CrashPlan::drop_all()),
             ("random(7)", CrashPlan::random(7)),
         ] {
-            let ctx = format!("[first_open] first open killed after {n} storage ops, then CrashPlan::{label}");
+            let ctx =
+                format!("[first_open{}] first open killed after {n} storage ops, then CrashPlan::{label}", model_tag());
             verify_exact(fs.crash(&mut plan), &empty, &ctx);
         }
         if done {
@@ -1421,6 +1494,15 @@ fn first_open_killed_at_every_step() {
 /// on the committed state every time.
 #[test]
 fn checkpoint_of_a_file_linked_elsewhere_killed_at_every_step() {
+    checkpoint_of_a_file_linked_elsewhere_killed_at_every_step_body();
+}
+
+#[test]
+fn checkpoint_of_a_file_linked_elsewhere_killed_at_every_step_conservative() {
+    conservative(checkpoint_of_a_file_linked_elsewhere_killed_at_every_step_body);
+}
+
+fn checkpoint_of_a_file_linked_elsewhere_killed_at_every_step_body() {
     let mut n = 0;
     loop {
         let mem = MemFs::new();
@@ -1429,7 +1511,7 @@ fn checkpoint_of_a_file_linked_elsewhere_killed_at_every_step() {
         mem.create_file(p("top"), 0o644).unwrap();
         mem.write_at(p("top"), 0, &[7u8; 10000]).unwrap();
         mem.link(p("top"), p("a/hl")).unwrap();
-        let fs = Arc::new(CrashFs::new(mem));
+        let fs = Arc::new(crash_fs(mem));
         let engine = Engine::open(fs.clone(), opts()).expect("open");
         let top = engine.lookup(None, ObjId::ROOT, OsStr::new("top")).unwrap().obj;
         engine.write(None, top, 5000, b"new data").unwrap();
@@ -1443,7 +1525,10 @@ fn checkpoint_of_a_file_linked_elsewhere_killed_at_every_step() {
             vec![("keep_all".to_string(), CrashPlan::keep_all()), ("drop_all".to_string(), CrashPlan::drop_all())];
         plans.extend((0..24u64).map(|s| (format!("random({s})"), CrashPlan::random(s))));
         for (label, mut plan) in plans {
-            let ctx = format!("[linked_elsewhere] checkpoint killed after {n} storage ops, then CrashPlan::{label}");
+            let ctx = format!(
+                "[linked_elsewhere{}] checkpoint killed after {n} storage ops, then CrashPlan::{label}",
+                model_tag()
+            );
             verify_exact(fs.crash(&mut plan), &want, &ctx);
         }
         if done {
@@ -1465,7 +1550,7 @@ fn open_file_with_another_link_is_not_an_orphan() {
     mem.create_file(p("f"), 0o644).unwrap();
     mem.write_at(p("f"), 0, b"hello world").unwrap();
     mem.link(p("f"), p("g")).unwrap();
-    let fs = Arc::new(CrashFs::new(mem));
+    let fs = Arc::new(crash_fs(mem));
     let engine = Engine::open(fs.clone(), opts()).expect("open");
     let f = engine.lookup(None, ObjId::ROOT, OsStr::new("f")).unwrap().obj;
     let g = engine.lookup(None, ObjId::ROOT, OsStr::new("g")).unwrap().obj;
@@ -1495,7 +1580,7 @@ fn open_file_with_another_link_is_not_an_orphan() {
 fn check_after_a_checkpoint_killed_at_every_step_reports_no_damage() {
     let mut n = 0u64;
     loop {
-        let fs = Arc::new(CrashFs::new(MemFs::new()));
+        let fs = Arc::new(crash_fs(MemFs::new()));
         let engine = Engine::open(fs.clone(), opts()).expect("open");
         let f = engine.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
         engine.write(None, f, 0, b"checkpointed").unwrap();
@@ -1527,6 +1612,15 @@ fn check_after_a_checkpoint_killed_at_every_step_reports_no_damage() {
 /// or replayed from the journal.
 #[test]
 fn checkpoint_of_special_files_killed_at_every_step() {
+    checkpoint_of_special_files_killed_at_every_step_body();
+}
+
+#[test]
+fn checkpoint_of_special_files_killed_at_every_step_conservative() {
+    conservative(checkpoint_of_special_files_killed_at_every_step_body);
+}
+
+fn checkpoint_of_special_files_killed_at_every_step_body() {
     let dev = |major: u32, minor: u32| libc::makedev(major, minor) as u64;
     let mut n = 0;
     loop {
@@ -1535,7 +1629,7 @@ fn checkpoint_of_special_files_killed_at_every_step() {
         mem.mkdir(p("d"), 0o755).unwrap();
         mem.mknod(p("d/old-fifo"), FileKind::Fifo, 0o600, 0).unwrap();
         mem.mknod(p("old-dev"), FileKind::CharDev, 0o600, dev(4, 64)).unwrap();
-        let fs = Arc::new(CrashFs::new(mem));
+        let fs = Arc::new(crash_fs(mem));
         let engine = Engine::open(fs.clone(), opts()).expect("open");
         let d = engine.lookup(None, ObjId::ROOT, OsStr::new("d")).unwrap().obj;
         let tx = engine.begin();
@@ -1568,7 +1662,10 @@ fn checkpoint_of_special_files_killed_at_every_step() {
             vec![("keep_all".to_string(), CrashPlan::keep_all()), ("drop_all".to_string(), CrashPlan::drop_all())];
         plans.extend((0..8u64).map(|s| (format!("random({s})"), CrashPlan::random(s))));
         for (label, mut plan) in plans {
-            let ctx = format!("[special files] checkpoint killed after {n} storage ops, then CrashPlan::{label}");
+            let ctx = format!(
+                "[special files{}] checkpoint killed after {n} storage ops, then CrashPlan::{label}",
+                model_tag()
+            );
             verify_exact(fs.crash(&mut plan), &want, &ctx);
         }
         if done {
@@ -1577,4 +1674,35 @@ fn checkpoint_of_special_files_killed_at_every_step() {
         n += 1;
     }
     assert!(n > 10, "the checkpoint took {n} storage ops");
+}
+
+/// `txfs mount` makes `.txfs/` itself (to lock it) before the engine opens:
+/// the open must still make that name durable before it acknowledges a
+/// commit. Under the conservative model a power cut otherwise loses
+/// `.txfs` and every commit in it (issue 28).
+#[test]
+fn a_meta_folder_made_before_the_first_open_is_made_durable() {
+    conservative(|| {
+        for made_by_an_open_killed_before_its_syncs in [false, true] {
+            let fs = Arc::new(crash_fs(MemFs::new()));
+            fs.mkdir(Path::new(META_DIR), 0o700).unwrap();
+            if made_by_an_open_killed_before_its_syncs {
+                for sub in ["journal", "stage", "orphans", "data"] {
+                    fs.mkdir(&Path::new(META_DIR).join(sub), 0o700).unwrap();
+                }
+            }
+            let engine = Engine::open(fs.clone(), opts()).expect("open");
+            let tx = engine.begin();
+            let f = engine.create(Some(tx), ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+            engine.write(Some(tx), f, 0, b"acknowledged").unwrap();
+            engine.commit(tx, Durability::Durable).unwrap();
+            let want = dump_engine(&engine, None);
+            let ctx =
+                format!("[meta folder made before open, subfolders too: {made_by_an_open_killed_before_its_syncs}]");
+            verify_exact(fs.crash(&mut CrashPlan::drop_all()), &want, &format!("{ctx} CrashPlan::drop_all"));
+            for s in 0..8 {
+                verify_exact(fs.crash(&mut CrashPlan::random(s)), &want, &format!("{ctx} CrashPlan::random({s})"));
+            }
+        }
+    });
 }

@@ -67,6 +67,14 @@ fn sync_moves_out(s: &dyn Storage, plan: &Plan) -> Result<()> {
     s.sync_all().ctx("checkpoint sync", || "phase 1".into())
 }
 
+/// `fsync` of each folder, or `syncfs` if one cannot be (gone).
+fn sync_dirs(s: &dyn Storage, dirs: &std::collections::BTreeSet<std::path::PathBuf>, what: &str) -> Result<()> {
+    if dirs.iter().all(|d| s.fsync(d).is_ok()) {
+        return Ok(());
+    }
+    s.sync_all().ctx("checkpoint sync", || what.into())
+}
+
 fn in_stage(path: &[u8]) -> bool {
     p(path).starts_with(Path::new(META_DIR).join("stage"))
 }
@@ -75,7 +83,25 @@ fn in_stage(path: &[u8]) -> bool {
 pub(super) fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
     let marker = marker_path(plan.epoch);
     if !exists(s, &marker)? {
+        // Moves since the last sync, and the folders they changed.
+        let mut moved: Vec<&Path> = Vec::new();
+        let mut dirty = std::collections::BTreeSet::new();
         for m in &plan.out {
+            let (MoveOut::Stage { from, .. } | MoveOut::Unlink { from }) = m;
+            // Deepest first: an entry is moved out before the folder that
+            // holds it. Those inner moves are made durable before the outer
+            // one: a file system that does not order metadata could keep
+            // the folder's move and lose them, and the replay would find
+            // neither the entry's old name nor its stage name.
+            if moved.iter().any(|f| f.starts_with(p(from)) && *f != p(from)) {
+                sync_dirs(s, &dirty, "phase 1")?;
+                (moved, dirty) = (Vec::new(), Default::default());
+            }
+            moved.push(p(from));
+            dirty.insert(p(from).parent().unwrap_or(Path::new("")).to_path_buf());
+            if let MoveOut::Stage { stage, .. } = m {
+                dirty.insert(p(stage).parent().unwrap_or(Path::new("")).to_path_buf());
+            }
             match m {
                 MoveOut::Stage { from, stage } => {
                     if exists(s, p(stage))? {
@@ -107,9 +133,20 @@ pub(super) fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
         s.create_file(&marker, 0o600).ctx("checkpoint marker", || marker.display().to_string())?;
         s.fsync(Path::new(META_DIR)).ctx("checkpoint marker", || META_DIR.into())?;
     }
+    // Folders phase 2 made whose names are not yet durable.
+    let mut made: Vec<&Path> = Vec::new();
     for pl in &plan.place {
         match pl {
             Place::Rename { stage, to } => {
+                // A rename moves an object that has no other name: the
+                // folder it goes into must not be lost (a `mkdir` of this
+                // phase whose parent was not synced), or the object would
+                // be lost with it and the replay would find neither name.
+                if made.iter().any(|d| p(to).starts_with(d)) {
+                    let parents = made.iter().map(|d| d.parent().unwrap_or(Path::new("")).to_path_buf()).collect();
+                    sync_dirs(s, &parents, "phase 2")?;
+                    made.clear();
+                }
                 if exists(s, p(stage))? {
                     s.rename(p(stage), p(to)).ctx("checkpoint place", || p(to).display().to_string())?;
                 } else if !exists(s, p(to))? {
@@ -137,6 +174,7 @@ pub(super) fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
             Place::Dir { to } => {
                 if !exists(s, p(to))? {
                     s.mkdir(p(to), 0o700).ctx("checkpoint mkdir", || p(to).display().to_string())?;
+                    made.push(p(to));
                 }
             }
             Place::Symlink { to, target } => {
@@ -151,8 +189,19 @@ pub(super) fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
                 }
             }
             Place::Link { existing, to } => {
-                if !exists(s, p(to))? {
-                    s.link(p(existing), p(to)).ctx("checkpoint link", || p(to).display().to_string())?;
+                let what = || p(to).display().to_string();
+                // A link left by a crashed run whose first name was lost
+                // (and made again, a new object): it names the old inode.
+                let stale = match s.lstat(p(to)) {
+                    Ok(m) => m.ino != s.lstat(p(existing)).ctx("checkpoint link", what)?.ino,
+                    Err(e) if is_missing(&e) => true,
+                    Err(e) => return Err(Error::io("checkpoint link", what(), e)),
+                };
+                if stale {
+                    if exists(s, p(to))? {
+                        s.unlink(p(to)).ctx("checkpoint link", what)?;
+                    }
+                    s.link(p(existing), p(to)).ctx("checkpoint link", what)?;
                 }
             }
         }

@@ -34,9 +34,11 @@
 //!
 //! Why phase 1 needs the marker: phase 2 may re-create a name phase 1
 //! moved away; replaying phase 1 after that would move the new object.
-//! Why deepest first: namespace operations become durable in order, so if
-//! a directory's move survived a crash, the moves of everything inside it
-//! that phase 1 touched survived too.
+//! Why deepest first, and a sync of the folders the inner moves changed
+//! before a folder above them moves: if a directory's move survived a
+//! crash, the moves of everything inside it that phase 1 touched survived
+//! too (no order between namespace operations is assumed: each sync and
+//! what depends on it is in docs/design/checkpoint.md).
 //!
 //! Locking: plan, phase 1, marker and phase 2 run under the engine lock;
 //! phase 3 onwards runs outside it while the delta being written stays

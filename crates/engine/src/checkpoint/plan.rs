@@ -485,8 +485,9 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
 /// ACLs are xattrs) and times. Done while the plan is built, before it is
 /// persisted: a daemon that may not do this (not root, a file system
 /// without owners or xattrs) copies the file instead of failing a plan it
-/// could never finish. The storage contract's ordered metadata makes these
-/// changes durable no later than the plan.
+/// could never finish. Nothing depends on these changes being durable
+/// before the step itself: `Place::Replace` gives them again and fsyncs
+/// the shadow before renaming it.
 pub(super) fn prepare_shadow(s: &dyn Storage, data: &Path, to: &Path) -> std::io::Result<()> {
     let m = s.lstat(to)?;
     // chown first: it clears the set-id bits that chmod then restores.

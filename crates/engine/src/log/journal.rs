@@ -508,6 +508,34 @@ fn read_record(
     Ok((rh, meta))
 }
 
+/// The seq of an earlier epoch's record header at `at` — magic, a known
+/// version, a commit, a seq in `1..=prev_seq` — unverified (it was keyed
+/// with the file's earlier nonce): only to tell the old bytes of a
+/// recycled journal from a torn tail in what `txfs check` says.
+fn old_header(file: &dyn StoredFile, len: u64, at: u64, prev_seq: u64) -> Option<u64> {
+    if at + REC_HEADER_LEN > len {
+        return None;
+    }
+    let mut h = [0u8; REC_HEADER_LEN as usize];
+    read_exact(file, at, &mut h).ok()?;
+    let version = u16::from_le_bytes([h[4], h[5]]);
+    let kind = u16::from_le_bytes([h[6], h[7]]);
+    let seq = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+    let ok = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes")) == REC_MAGIC
+        && (version == REC_VERSION || version == REC_VERSION_FILES)
+        && kind == KIND_COMMIT
+        && (1..=prev_seq).contains(&seq);
+    ok.then_some(seq)
+}
+
+/// The seq field of whatever lies at `at`, read as a record header.
+fn raw_seq(file: &dyn StoredFile, len: u64, at: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    (at + 16 <= len).then_some(())?;
+    read_exact(file, at + 8, &mut b).ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
 /// Whether every byte from `at` to `len` is zero.
 fn zero_tail(file: &dyn StoredFile, len: u64, mut at: u64) -> bool {
     let mut buf = vec![0u8; 1 << 16];
@@ -585,6 +613,10 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
                 // predecessor's header never landed) is a torn tail to cut:
                 // left in place, a later append could line up with it.
                 let clean = zero_tail(file, len, at);
+                // An earlier epoch's record header at or after the end (its
+                // seq not past this file's prev_seq): the old bytes of a
+                // recycled journal, not a torn record of this one.
+                let mut old = old_header(file, len, at, prev_seq.0);
                 // Is there a later whole record claiming durability past here?
                 let mut probe = at + 1;
                 let mut buf = vec![0u8; 1 << 16];
@@ -600,6 +632,7 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
                             // offsets (older ones: recycled). The header
                             // decides before the body it claims is read.
                             let cand = probe + i as u64;
+                            old = old.or_else(|| old_header(file, len, cand, prev_seq.0));
                             let witness = |rh: &RawHeader| rh.seq > prev_seq.0 && rh.durable_upto > at;
                             if !read_header(file, len, cand, nonce).is_ok_and(|(rh, _)| witness(&rh)) {
                                 continue;
@@ -617,6 +650,17 @@ pub fn scan(file: &dyn StoredFile, path: &std::path::Path, epoch: Epoch) -> Resu
                     }
                     probe += (n.saturating_sub(3)).max(1) as u64;
                 }
+                let not_ours = ["bad record magic", "record header checksum mismatch", "short record header"];
+                // A header here that carries the next seq is this epoch's
+                // record, damaged or torn (a flipped magic, say): never
+                // reported as old bytes.
+                let next_here = expect_seq.is_some_and(|n| raw_seq(file, len, at) == Some(n));
+                let reason = match old {
+                    Some(seq) if !next_here && not_ours.contains(&reason.as_str()) => {
+                        format!("{STALE_END} (seq {seq}) follows: the rest of a recycled journal ({reason} here)")
+                    }
+                    _ => reason,
+                };
                 let cut = if clean { None } else { Some((at, reason)) };
                 return Ok(Scan { prev_seq, records, valid_end: at, cut, nonce });
             }

@@ -165,6 +165,22 @@ impl Inode {
         }
     }
 
+    /// The attributes alone (an empty file as the node).
+    fn clone_attrs(&self) -> Inode {
+        Inode {
+            node: Node::File(Data::default()),
+            mode: self.mode,
+            uid: self.uid,
+            gid: self.gid,
+            nlink: self.nlink,
+            atime: self.atime,
+            mtime: self.mtime,
+            ctime: self.ctime,
+            mtime_set: self.mtime_set,
+            xattrs: self.xattrs.clone(),
+        }
+    }
+
     fn kind(&self) -> FileKind {
         match self.node {
             Node::File(_) => FileKind::File,
@@ -172,6 +188,17 @@ impl Inode {
             Node::Symlink(_) => FileKind::Symlink,
             Node::Special(k, _) => k,
         }
+    }
+}
+
+/// An inode's attributes (and, from [`MemTree::fresh_copy`], its empty
+/// node), for `CrashFs` to replay on another tree.
+#[derive(Clone)]
+pub(crate) struct InodeCopy(Inode);
+
+impl std::fmt::Debug for InodeCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InodeCopy(mode {:o})", self.0.mode)
     }
 }
 
@@ -642,6 +669,112 @@ impl MemTree {
             i.ctime = now;
         }
         Ok(())
+    }
+
+    // ----- inode-level operations: `CrashFs`'s conservative model -----
+    //
+    // There a namespace operation may survive a power cut without an
+    // earlier one (its parent's `mkdir`, a rename of its directory), so it
+    // is replayed by inode numbers, not by paths; what ends up unreachable
+    // from the root is lost ([`MemTree::collect`]).
+
+    /// A new object as it was created: the inode's attributes and an empty
+    /// node of its kind (a symlink's target, a device's number).
+    pub(crate) fn fresh_copy(&self, ino: u64) -> io::Result<InodeCopy> {
+        let i = self.get(ino)?;
+        let node = match &i.node {
+            Node::File(_) => Node::File(Data::default()),
+            Node::Dir(_) => Node::Dir(BTreeMap::new()),
+            n => n.clone(),
+        };
+        Ok(InodeCopy(Inode { node, ..i.clone_attrs() }))
+    }
+
+    /// Adds the inode of [`MemTree::fresh_copy`], unless it exists.
+    pub(crate) fn put_inode(&mut self, ino: u64, c: &InodeCopy) {
+        if let std::collections::btree_map::Entry::Vacant(v) = self.inodes.entry(ino) {
+            v.insert(c.0.clone());
+            self.next_ino = self.next_ino.max(ino + 1);
+        }
+    }
+
+    /// The attributes of `ino` (mode, owner, times, xattrs).
+    pub(crate) fn attrs(&self, ino: u64) -> io::Result<InodeCopy> {
+        Ok(InodeCopy(self.get(ino)?.clone_attrs()))
+    }
+
+    /// Gives `ino` (if it exists) the attributes of `c`.
+    pub(crate) fn set_attrs(&mut self, ino: u64, c: &InodeCopy) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            (i.mode, i.uid, i.gid) = (c.0.mode, c.0.uid, c.0.gid);
+            (i.atime, i.mtime, i.ctime, i.mtime_set) = (c.0.atime, c.0.mtime, c.0.ctime, c.0.mtime_set);
+            i.xattrs = c.0.xattrs.clone();
+        }
+    }
+
+    /// `dir/name` becomes `ino` (a directory keeps one name: any other is
+    /// dropped). Nothing happens if `dir` or `ino` does not exist.
+    pub(crate) fn set_entry(&mut self, dir: u64, name: &OsStr, ino: u64, now: Timestamp) {
+        if !self.is_dir(dir) || !self.exists(ino) {
+            return;
+        }
+        if self.is_dir(ino) {
+            for i in self.inodes.values_mut() {
+                if let Node::Dir(e) = &mut i.node {
+                    e.retain(|_, c| *c != ino);
+                }
+            }
+        }
+        if let Ok(e) = self.entries_mut(dir) {
+            if let Some(old) = e.insert(name.to_owned(), ino) {
+                if old != ino {
+                    if let Some(o) = self.inodes.get_mut(&old) {
+                        o.ctime = now;
+                    }
+                }
+            }
+        }
+        let _ = self.touch_dir(dir, now);
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.ctime = now;
+        }
+    }
+
+    /// Removes `dir/name` if it is `ino`.
+    pub(crate) fn clear_entry(&mut self, dir: u64, name: &OsStr, ino: u64, now: Timestamp) {
+        let Ok(e) = self.entries_mut(dir) else { return };
+        if e.get(name) != Some(&ino) {
+            return;
+        }
+        e.remove(name);
+        let _ = self.touch_dir(dir, now);
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.ctime = now;
+        }
+    }
+
+    /// What a reboot (and fsck) finds: inodes unreachable from the root
+    /// are gone, a file's link count is its names.
+    pub(crate) fn collect(&mut self) {
+        let mut links: BTreeMap<u64, u64> = BTreeMap::from([(ROOT, 1)]);
+        let mut todo = vec![ROOT];
+        while let Some(d) = todo.pop() {
+            let Some(Inode { node: Node::Dir(e), .. }) = self.inodes.get(&d) else { continue };
+            for &c in e.values() {
+                let n = links.entry(c).or_insert(0);
+                *n += 1;
+                if *n == 1 && self.is_dir(c) {
+                    todo.push(c);
+                }
+            }
+        }
+        self.inodes.retain(|ino, _| links.contains_key(ino));
+        for (ino, i) in self.inodes.iter_mut() {
+            if !matches!(i.node, Node::Dir(_)) {
+                i.nlink = links[ino];
+            }
+        }
+        self.open.clear();
     }
 
     /// Registers an open handle on a file inode.

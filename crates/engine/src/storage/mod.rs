@@ -19,17 +19,23 @@
 //! a symlink as the last component is operated on itself.
 //!
 //! ## Durability contract (what the engine relies on)
-//! * `fsync(p)`/`fdatasync(p)` on a file makes its data and size durable,
-//!   and (like ext4's journal) every namespace operation issued before it.
-//! * `fsync(p)` on a directory makes every namespace operation issued before
-//!   it durable.
+//! Only what POSIX promises (issue 28: [`CrashFs`]'s conservative model
+//! holds the engine to exactly this; its ordered model is ext4's):
+//! * `fdatasync(p)` on a file makes its data and size durable; `fsync(p)`
+//!   also its attributes (mode, owner, times, xattrs). Neither makes the
+//!   file's *name* durable.
+//! * `fsync(p)` on a directory makes the namespace operations (create,
+//!   mkdir, symlink, mknod, rename, link, unlink, rmdir) that changed its
+//!   entries durable; a rename between two directories needs both synced.
 //! * `sync_all()` makes everything durable (`syncfs`).
-//! * Namespace operations (create, mkdir, symlink, mknod, rename, link, unlink,
-//!   rmdir, set_mode, set_owner, set_times, xattr changes) become durable in
-//!   the order they were issued: after a crash, a prefix of them survives.
-//!   This is what journaling file systems (ext4, xfs, btrfs) provide.
-//! * Data writes and `set_len` that were not followed by a sync of that file
-//!   may be lost, torn at sector granularity, or survive out of order.
+//! * Anything not yet durable may be lost at a power cut, independently of
+//!   everything else (no order between namespace operations is assumed);
+//!   data writes may be torn (at 4 KiB pages) or survive out of order.
+//!
+//! Journaling file systems (ext4, xfs, btrfs) give more (namespace
+//! operations durable in issue order, with any fsync); the engine does
+//! not depend on it. Each fsync it issues, and what depends on it:
+//! docs/design/checkpoint.md, "What each sync is for".
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -40,7 +46,7 @@ mod crash;
 mod mem;
 mod real;
 
-pub use crash::{CrashFs, CrashPlan};
+pub use crash::{CrashFs, CrashPlan, Persistence};
 pub use mem::MemFs;
 pub use real::RealFs;
 

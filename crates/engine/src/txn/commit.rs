@@ -27,9 +27,9 @@ use super::Engine;
 use crate::delta::{DataLoc, Delta, SizeDelta, NO_CUT};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{DataFileId, Lsn, ObjId, Seq, TxId};
-use crate::log::files::{data_path, DataFile};
+use crate::log::files::{data_path, DataFile, META_DIR};
 use crate::log::journal::{self, JournalWriter, SyncState};
-use crate::storage::{FileKind, StoredFile};
+use crate::storage::{FileKind, Storage, StoredFile};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -50,15 +50,16 @@ impl Engine {
         // written; outside the lock, so other operations go on meanwhile.
         // A write that lands after this marks the file dirty again and
         // commit_locked syncs it under the lock.
-        let unsynced = {
+        let (unsynced, storage) = {
             let mut guard = self.lock();
             let st = &mut *guard;
+            let storage = st.storage().clone();
             match st.txs.get_mut(&tx) {
-                Some(t) if t.doomed.is_none() => take_unsynced(&st.data_files, t),
-                _ => Vec::new(),
+                Some(t) if t.doomed.is_none() => (take_unsynced(&st.data_files, t), storage),
+                _ => (Vec::new(), storage),
             }
         };
-        if let Err(e) = sync_data_files(&unsynced) {
+        if let Err(e) = sync_data_files(&*storage, &unsynced) {
             let mut st = self.lock();
             if let Some(t) = st.txs.remove(&tx) {
                 st.discard_tx(&t);
@@ -142,7 +143,7 @@ pub(super) fn commit_locked(
     // Bytes written to data files since the caller synced them (or every
     // byte, for a commit that did not go through commit_changes).
     let unsynced = take_unsynced(&st.data_files, &mut tx);
-    if let Err(e) = sync_data_files(&unsynced) {
+    if let Err(e) = sync_data_files(&**st.storage(), &unsynced) {
         st.discard_tx(&tx);
         st.stats.aborts += 1;
         return Err(e);
@@ -375,9 +376,18 @@ fn take_unsynced(data_files: &HashMap<DataFileId, DataFile>, tx: &mut Tx) -> Vec
     files.collect()
 }
 
-fn sync_data_files(files: &[(DataFileId, Arc<dyn StoredFile>)]) -> Result<()> {
+/// Makes the data files' bytes durable, and their names: a data file is
+/// created (or, a spare, linked by a checkpoint) in `.txfs/data/` by a
+/// namespace operation that only an fsync of that folder makes durable on
+/// a file system that does not order metadata (journal.md, "Data files").
+/// Without it a power cut could keep the record and lose the file it names.
+fn sync_data_files(s: &dyn Storage, files: &[(DataFileId, Arc<dyn StoredFile>)]) -> Result<()> {
     for (id, f) in files {
         f.sync_data().ctx("commit", || format!("syncing {}", data_path(*id).display()))?;
+    }
+    if !files.is_empty() {
+        let dir = std::path::Path::new(META_DIR).join("data");
+        s.fsync(&dir).ctx("commit", || format!("syncing {}", dir.display()))?;
     }
     Ok(())
 }

@@ -427,7 +427,15 @@ pub(crate) fn lock_backing(backing: &Path) -> Result<std::fs::File, String> {
     if !backing.is_dir() {
         return Err(format!("{}: not a directory", backing.display()));
     }
+    let made = !meta.exists();
     std::fs::create_dir_all(&meta).map_err(|e| format!("{}: {e}", meta.display()))?;
+    if made {
+        // The engine's open syncs BACKING too (issue 28); this keeps a lock
+        // folder made here from ever being the one name not yet durable.
+        std::fs::File::open(backing)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| format!("{}: fsync: {e}", backing.display()))?;
+    }
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
