@@ -11,46 +11,12 @@
 mod common;
 
 use common::*;
-use std::time::Duration;
 
-#[derive(Clone, Copy, Debug)]
-enum Side {
-    Thread,
-    NonViewRun,
-}
-
-const SIDES: [Side; 2] = [Side::Thread, Side::NonViewRun];
-
-/// An agent in a transaction of `side`.
+/// An agent in a transaction of `side`, with mmap imported.
 fn in_transaction(m: &Mount, side: Side) -> Agent {
-    let mut a = match side {
-        Side::Thread => {
-            let mut a = Agent::spawn(m.mnt());
-            a.ok(&format!("root = os.open(M, os.O_RDONLY); fcntl.ioctl(root, {IOC_BEGIN}, bytes(8))"));
-            a
-        }
-        Side::NonViewRun => {
-            let mut run = m.run_cmd(&[], &[python()]);
-            run.env("TXFS_RUN_VIEW", "0");
-            Agent::spawn_cmd(run, m.mnt())
-        }
-    };
+    let mut a = agent_in_transaction(m, side);
     a.ok("import mmap");
     a
-}
-
-fn end(mut a: Agent, side: Side, commit: bool) {
-    match side {
-        Side::Thread => {
-            let cmd = if commit { IOC_COMMIT } else { IOC_ABORT };
-            a.ok(&format!("fcntl.ioctl(root, {cmd}, bytes(8))"));
-        }
-        Side::NonViewRun => {
-            let code = if commit { 0 } else { 1 };
-            let st = a.finish(&format!("os._exit({code})"), Duration::from_secs(60)).expect("txfs run did not end");
-            assert_eq!(st.code(), Some(code), "txfs run's exit");
-        }
-    }
 }
 
 /// Writes `what` at `off` of `path` through a shared mapping of its first
@@ -93,7 +59,7 @@ fn mapped_writes_are_the_transaction_s_until_commit() {
             assert_eq!(other.run("os.stat(M + '/new')"), Err(libc::ENOENT), "{side:?}: the new file leaked");
             let commits = || m.status()["commits"].as_u64().unwrap();
             let before = commits();
-            end(t, side, commit);
+            end_transaction(t, side, commit);
             // One commit, with the written-back pages in it — not the
             // transaction and then plain writes of what the kernel wrote
             // back after it (nothing else writes meanwhile).

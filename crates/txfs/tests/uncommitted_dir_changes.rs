@@ -17,48 +17,11 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-/// Who makes the uncommitted change.
-#[derive(Clone, Copy, Debug)]
-enum Side {
-    Thread,
-    NonViewRun,
-}
-
-const SIDES: [Side; 2] = [Side::Thread, Side::NonViewRun];
-
 /// An agent in a transaction of `side`, its working directory the mount.
 fn in_transaction(m: &Mount, side: Side) -> Agent {
-    match side {
-        Side::Thread => {
-            let mut a = Agent::spawn(m.mnt());
-            a.ok(&format!("root = os.open(M, os.O_RDONLY); fcntl.ioctl(root, {IOC_BEGIN}, bytes(8)); os.chdir(M)"));
-            a
-        }
-        Side::NonViewRun => {
-            let mut run = m.run_cmd(&[], &[python()]);
-            run.env("TXFS_RUN_VIEW", "0");
-            let mut a = Agent::spawn_cmd(run, m.mnt());
-            a.ok("os.chdir(M)");
-            a
-        }
-    }
-}
-
-/// Ends the agent's transaction: commit or abort.
-fn end(mut a: Agent, side: Side, commit: bool) {
-    match side {
-        Side::Thread => {
-            let cmd = if commit { IOC_COMMIT } else { IOC_ABORT };
-            a.ok(&format!("fcntl.ioctl(root, {cmd}, bytes(8))"));
-        }
-        Side::NonViewRun => {
-            // `txfs run` commits when its command exits 0, aborts otherwise;
-            // the agent exits when its input ends.
-            let code = if commit { 0 } else { 1 };
-            let st = a.finish(&format!("os._exit({code})"), Duration::from_secs(60)).expect("txfs run did not end");
-            assert_eq!(st.code(), Some(code), "txfs run's exit");
-        }
-    }
+    let mut a = agent_in_transaction(m, side);
+    a.ok("os.chdir(M)");
+    a
 }
 
 /// d/x/y/f ("hello") and d/g, in the backing before the mount.
@@ -121,7 +84,7 @@ fn an_uncommitted_rm_r_reaches_no_holder_walker_or_working_directory() {
             assert_they_see_d(&m, &mut o, &format!("{side:?}, rm -r uncommitted"));
             // Again, after others walked there in between.
             assert_they_see_d(&m, &mut o, &format!("{side:?}, rm -r uncommitted, again"));
-            end(t, side, commit);
+            end_transaction(t, side, commit);
             if !commit {
                 assert_they_see_d(&m, &mut o, &format!("{side:?}, rm -r aborted"));
                 let mut after = Agent::spawn(m.mnt());
@@ -178,8 +141,8 @@ fn a_committed_transaction_never_reads_another_s_uncommitted_rm_r() {
         t2.ok("import shutil; shutil.rmtree(M + '/d')");
         let seen = t1.ok("out = [sorted(os.listdir(held)), sorted(os.listdir('.')), open('y/f').read()]\n\
              open(M + '/seen', 'w').write(repr(out))");
-        end(t1, Side::Thread, true);
-        end(t2, side, false);
+        end_transaction(t1, Side::Thread, true);
+        end_transaction(t2, side, false);
         assert_eq!(seen, serde_json::json!([["g", "x"], ["y"], "hello"]), "{side:?}: T1 read T2's uncommitted removal");
         assert_eq!(std::fs::read_to_string(m.path("seen")).unwrap(), "[['g', 'x'], ['y'], 'hello']");
     }
@@ -209,7 +172,7 @@ fn an_uncommitted_rename_of_nested_directories_moves_nobody_else() {
             // The transaction walks its new names again, others the old.
             assert_eq!(t.ok("out = sorted(os.listdir(M + '/e/w'))"), serde_json::json!(["z"]));
             assert_they_see_d(&m, &mut o, &format!("{side:?}, renames uncommitted, again"));
-            end(t, side, commit);
+            end_transaction(t, side, commit);
             if !commit {
                 assert_they_see_d(&m, &mut o, &format!("{side:?}, renames aborted"));
             } else {
@@ -252,7 +215,7 @@ fn a_directory_replaced_or_exchanged_stays_whole_for_others() {
         assert_cwd(&mut in_empty, &empty, &format!("{side:?}, in the replaced directory"));
         assert_eq!(in_empty.ok("out = os.listdir('.')"), serde_json::json!([]));
         assert_eq!(o.2.ok("out = sorted(os.listdir(M + '/other'))"), serde_json::json!(["in"]));
-        end(t, side, false);
+        end_transaction(t, side, false);
         assert_they_see_d(&m, &mut o, &format!("{side:?}, replace and exchange aborted"));
         assert_cwd(&mut in_empty, &empty, &format!("{side:?}, in the replaced directory, aborted"));
     }

@@ -240,20 +240,7 @@ mod stop_signals {
         // as `txfs umount` does a stuck one; its holders get ENOTCONN.
         tracing::info!("the detached mount is still in use after {GRACE:?}: ending its connection");
         if let Some(conn) = conn {
-            let dir = Path::new("/sys/fs/fuse/connections");
-            if !dir.join(conn.to_string()).exists() {
-                // SAFETY: constant C strings.
-                unsafe {
-                    libc::mount(
-                        c"fusectl".as_ptr(),
-                        c"/sys/fs/fuse/connections".as_ptr(),
-                        c"fusectl".as_ptr(),
-                        0,
-                        std::ptr::null(),
-                    )
-                };
-            }
-            let _ = std::fs::write(dir.join(conn.to_string()).join("abort"), "1");
+            let _ = std::fs::write(crate::cli::umount::fusectl_dir(conn).join("abort"), "1");
         }
         if device.wait_ended(GRACE) {
             return;

@@ -45,21 +45,7 @@ pub fn umount(point: &Path) -> Result<(), String> {
         return Ok(());
     }
     if let Some(conn) = conn {
-        let ctl = Path::new("/sys/fs/fuse/connections");
-        if std::fs::read_dir(ctl).is_ok_and(|mut d| d.next().is_none()) {
-            // fusectl not mounted (root only; otherwise nothing to look at).
-            // SAFETY: constant C strings.
-            unsafe {
-                libc::mount(
-                    c"fusectl".as_ptr(),
-                    c"/sys/fs/fuse/connections".as_ptr(),
-                    c"fusectl".as_ptr(),
-                    0,
-                    std::ptr::null(),
-                )
-            };
-        }
-        let dir = ctl.join(conn.to_string());
+        let dir = fusectl_dir(conn);
         let t0 = Instant::now();
         while !abort_now && dir.exists() && t0.elapsed() < Duration::from_secs(2) {
             std::thread::sleep(Duration::from_millis(10));
@@ -237,4 +223,24 @@ fn nothing_else_after_detach(point: &Path, id: busy::Ident) -> bool {
         why.join("; ")
     );
     false
+}
+
+/// FUSE connection `conn`'s directory in fusectl (its `abort` ends it),
+/// mounting fusectl at /sys/fs/fuse/connections first if it is not (root
+/// only; otherwise there is nothing to look at).
+pub(super) fn fusectl_dir(conn: u32) -> std::path::PathBuf {
+    let ctl = Path::new("/sys/fs/fuse/connections");
+    if std::fs::read_dir(ctl).is_ok_and(|mut d| d.next().is_none()) {
+        // SAFETY: constant C strings.
+        unsafe {
+            libc::mount(
+                c"fusectl".as_ptr(),
+                c"/sys/fs/fuse/connections".as_ptr(),
+                c"fusectl".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+    }
+    ctl.join(conn.to_string())
 }

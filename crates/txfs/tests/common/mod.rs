@@ -856,3 +856,46 @@ pub fn dev_fuse_switches(pid: u32) -> u64 {
     }
     n
 }
+
+/// Who holds a transaction in tests that run the same case both ways: a
+/// thread transaction (an agent that sent BEGIN) or a `txfs run` without a
+/// view (`TXFS_RUN_VIEW=0`, what a non-root user gets).
+#[derive(Clone, Copy, Debug)]
+pub enum Side {
+    Thread,
+    NonViewRun,
+}
+
+pub const SIDES: [Side; 2] = [Side::Thread, Side::NonViewRun];
+
+/// An agent in a transaction of `side` on `m`.
+pub fn agent_in_transaction(m: &Mount, side: Side) -> Agent {
+    match side {
+        Side::Thread => {
+            let mut a = Agent::spawn(m.mnt());
+            a.ok(&format!("root = os.open(M, os.O_RDONLY); fcntl.ioctl(root, {IOC_BEGIN}, bytes(8))"));
+            a
+        }
+        Side::NonViewRun => {
+            let mut run = m.run_cmd(&[], &[python()]);
+            run.env("TXFS_RUN_VIEW", "0");
+            Agent::spawn_cmd(run, m.mnt())
+        }
+    }
+}
+
+/// Ends the transaction of an agent from [`agent_in_transaction`]: commit
+/// or abort (`txfs run` commits when its command exits 0).
+pub fn end_transaction(mut a: Agent, side: Side, commit: bool) {
+    match side {
+        Side::Thread => {
+            let cmd = if commit { IOC_COMMIT } else { IOC_ABORT };
+            a.ok(&format!("fcntl.ioctl(root, {cmd}, bytes(8))"));
+        }
+        Side::NonViewRun => {
+            let code = if commit { 0 } else { 1 };
+            let st = a.finish(&format!("os._exit({code})"), Duration::from_secs(60)).expect("txfs run did not end");
+            assert_eq!(st.code(), Some(code), "txfs run's exit");
+        }
+    }
+}
