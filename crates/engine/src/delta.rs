@@ -89,6 +89,11 @@ impl ExtentMap {
         self.map.is_empty()
     }
 
+    /// How many extents.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Extent)> {
         self.map.iter().map(|(o, e)| (*o, e))
     }

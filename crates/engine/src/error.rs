@@ -18,6 +18,11 @@ pub enum Error {
     /// An operation on a path or object failed with a POSIX error.
     #[error("{op} {what}: {source}")]
     Os { op: &'static str, what: String, source: io::Error },
+    /// The transaction went past a memory or read-set cap (`Options::tx_mem`,
+    /// `mount_tx_mem`, `tx_reads`): its memory is gone, it can only be
+    /// aborted, and a rerun would meet the same cap.
+    #[error("{tx}: transaction too big: {what}; abort it (split it, or raise the mount's cap)")]
+    Limit { tx: TxId, what: String },
     #[error("{0}: no such transaction (already committed or aborted?)")]
     NoSuchTx(TxId),
     #[error("{0}: no such object")]
@@ -39,6 +44,7 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::Conflict { .. } => ECONFLICT,
+            Error::Limit { .. } => libc::ENOSPC,
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::NoSuchTx(_) => libc::EINVAL,
             Error::Stale(_) => libc::ESTALE,

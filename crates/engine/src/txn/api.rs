@@ -39,6 +39,18 @@ pub struct Options {
     /// waits for that (tens of thousands of names held readers up for
     /// seconds). `None`: only by size.
     pub idle_checkpoint: Option<Duration>,
+    /// Memory one live transaction may hold in the daemon: its bytes in
+    /// memory and its bookkeeping (delta and read-set entries, counted as
+    /// `txn/budget.rs` says). Past it the operation fails with ENOSPC and
+    /// the transaction can only be aborted. Its written bytes spill to disk
+    /// from half of it on, so payload alone does not meet it.
+    pub tx_mem: u64,
+    /// Memory all live transactions together may hold (as `tx_mem`): the
+    /// transaction whose operation goes past it fails as past `tx_mem`.
+    pub mount_tx_mem: u64,
+    /// Entries one transaction's read set may hold (page ranges, names,
+    /// listings, attributes): its commit validates each under the lock.
+    pub tx_reads: u64,
 }
 
 /// The most name changes an idle checkpoint moves (see
@@ -53,6 +65,9 @@ impl Default for Options {
             checkpoint_bytes: 256 << 20,
             flush_interval: Some(Duration::from_millis(500)),
             idle_checkpoint: Some(Duration::from_secs(5)),
+            tx_mem: 128 << 20,
+            mount_tx_mem: 192 << 20,
+            tx_reads: 1 << 20,
         }
     }
 }
@@ -120,4 +135,10 @@ pub struct Stats {
     pub journal_syncs: u64,
     pub checkpoints: u64,
     pub last_seq: u64,
+    /// Memory live transactions hold, by the engine's count (budget.rs).
+    pub tx_mem: u64,
+    /// Transactions doomed by a memory or read-set cap.
+    pub limit_aborts: u64,
+    /// Commit stamps kept for validation (isolation.rs).
+    pub stamps: u64,
 }

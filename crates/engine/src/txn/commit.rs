@@ -92,6 +92,10 @@ impl Engine {
             if st.txs.is_empty() {
                 st.ver.prune_all();
             }
+            if std::mem::take(&mut st.trim) {
+                drop(st);
+                super::budget::trim_heap();
+            }
             r?
         };
         if durability == Durability::Durable {
@@ -111,6 +115,10 @@ impl Engine {
         if st.txs.is_empty() {
             st.ver.prune_all();
         }
+        if std::mem::take(&mut st.trim) {
+            drop(st);
+            super::budget::trim_heap();
+        }
         Ok(())
     }
 }
@@ -127,9 +135,9 @@ pub(super) fn commit_locked(
     mut tx: Tx,
     sync_follows: bool,
 ) -> Result<(Lsn, Vec<ObjId>)> {
-    if let Some(w) = tx.doomed.take() {
+    if let Some(d) = tx.doomed.take() {
         st.discard_tx(&tx);
-        return Err(Error::Conflict { tx: tx.id, what: w });
+        return Err(d.error(tx.id));
     }
     if let Some(what) = tx.reads.first_stale(&st.ver, tx.start) {
         st.discard_tx(&tx);
@@ -246,6 +254,8 @@ pub(super) fn commit_locked(
         data_off += len;
     }
     stamp(st, &tx.delta, seq, &old_sizes);
+    let floor = st.txs.values().map(|t| t.start).min();
+    st.ver.maybe_prune(floor);
     st.committed.compose(&tx.delta);
     for (o, old) in &old_sizes {
         if st.attr_unrecorded(None, *o).map(|a| a.size).ok() != Some(*old) {
@@ -333,6 +343,7 @@ pub(super) fn stamp(st: &mut State, delta: &Delta, seq: Seq, old_sizes: &HashMap
     for (o, od) in &delta.objs {
         if let Some(f) = &od.file {
             let r = st.ver.pages.entry(*o).or_default();
+            let before = r.len();
             for (off, e) in f.ext.iter() {
                 r.stamp(off / PAGE, (off + e.len).div_ceil(PAGE), seq);
             }
@@ -340,6 +351,8 @@ pub(super) fn stamp(st: &mut State, delta: &Delta, seq: Seq, old_sizes: &HashMap
                 let old = old_sizes.get(o).copied().unwrap_or(u64::MAX / 2);
                 r.stamp(f.cut / PAGE, old.max(f.cut).div_ceil(PAGE) + 1, seq);
             }
+            let after = r.len();
+            st.ver.page_ranges = (st.ver.page_ranges + after).saturating_sub(before);
         }
         let a = &od.attr;
         // A directory's link count changes with every mkdir/rmdir in it; it

@@ -8,7 +8,10 @@
 //! the read is then exactly what the item held at `start`. Commit checks the
 //! whole read set again (I3). Stamps older than every live transaction's
 //! start can never fail a check; all of them are dropped whenever no
-//! transaction is live ([`Versions::prune_all`]).
+//! transaction is live ([`Versions::prune_all`]), and those older than the
+//! oldest live transaction's start whenever their number has doubled since
+//! the last pruning ([`Versions::prune_older`]): a long transaction does
+//! not make every later commit's stamps stay (issue 23).
 //!
 //! Tests: the unit tests below; `tests/isolation.rs`, one test per anomaly
 //! (`dirty_read_is_impossible`, `non_repeatable_read_is_impossible`,
@@ -51,6 +54,20 @@ impl RangeStamps {
         self.map.insert(start, (end, seq));
     }
 
+    /// How many ranges.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Drops the stamps no check can fail on: `<= floor`.
+    fn prune(&mut self, floor: Seq) {
+        self.map.retain(|_, (_, q)| *q > floor);
+    }
+
     pub fn newest(&self, start: u64, end: u64) -> Seq {
         let mut best = Seq(0);
         if let Some((_, &(e, q))) = self.map.range(..start).next_back() {
@@ -71,11 +88,52 @@ pub struct Versions {
     pub names: HashMap<(ObjId, OsString), Seq>,
     pub lists: HashMap<ObjId, Seq>,
     pub metas: HashMap<ObjId, Seq>,
+    /// Page ranges in `pages`, all files together.
+    pub page_ranges: usize,
+    /// Entries left by the last pruning.
+    pub kept: usize,
 }
+
+/// Fewer stamps than this are never pruned while transactions are live.
+const PRUNE_MIN: usize = 1 << 16;
 
 impl Versions {
     pub fn prune_all(&mut self) {
         *self = Versions::default();
+    }
+
+    /// Entries held (a page range counts one).
+    pub fn len(&self) -> usize {
+        self.names.len() + self.lists.len() + self.metas.len() + self.page_ranges
+    }
+
+    /// Drops every stamp `<= floor`, the start of the oldest live
+    /// transaction: every live transaction began at or after it, and a
+    /// later one begins later still, so none of them can fail on it.
+    pub fn prune_older(&mut self, floor: Seq) {
+        self.names.retain(|_, q| *q > floor);
+        self.lists.retain(|_, q| *q > floor);
+        self.metas.retain(|_, q| *q > floor);
+        self.pages.retain(|_, r| {
+            r.prune(floor);
+            !r.is_empty()
+        });
+        self.page_ranges = self.pages.values().map(RangeStamps::len).sum();
+        self.kept = self.len();
+    }
+
+    /// After a commit: prunes once the stamps have doubled since the last
+    /// time (amortized constant time per stamp). `floor`: the oldest live
+    /// transaction's start, `None` if none is live.
+    pub fn maybe_prune(&mut self, floor: Option<Seq>) {
+        let n = self.len();
+        if n < PRUNE_MIN || n < 2 * self.kept {
+            return;
+        }
+        match floor {
+            None => self.prune_all(),
+            Some(f) => self.prune_older(f),
+        }
     }
 }
 

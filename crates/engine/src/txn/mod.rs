@@ -91,6 +91,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) mod api;
+mod budget;
 mod commit;
 pub(crate) mod isolation;
 mod namespace;
@@ -183,13 +184,25 @@ impl Engine {
             Some(id) => {
                 let mut t = st.txs.remove(&id).ok_or(Error::NoSuchTx(id))?;
                 let res = match &t.doomed {
-                    Some(w) => Err(Error::Conflict { tx: id, what: w.clone() }),
-                    None => f(&mut st, &mut t),
+                    Some(d) => Err(d.error(id)),
+                    None => {
+                        let r = f(&mut st, &mut t);
+                        // Past a cap the operation fails, whatever it did.
+                        match st.charge(&mut t) {
+                            Some(e) => Err(e),
+                            None => r,
+                        }
+                    }
                 };
                 if let Err(Error::Conflict { .. }) = &res {
                     st.stats.conflicts += 1;
                 }
                 st.txs.insert(id, t);
+                let trim = std::mem::take(&mut st.trim);
+                drop(st);
+                if trim {
+                    budget::trim_heap();
+                }
                 res
             }
             None => {
@@ -245,13 +258,19 @@ impl Engine {
     /// a mapping the kernel had already taken from the program.
     pub fn doom(&self, tx: TxId, why: String) {
         if let Some(t) = self.lock().txs.get_mut(&tx) {
-            t.doomed.get_or_insert(why);
+            t.doomed.get_or_insert(budget::Doom::Conflict(why));
         }
     }
 
-    /// True if `tx` lost a conflict: it can only abort.
+    /// True if `tx` lost a conflict or went past a cap: it can only abort.
     pub fn is_doomed(&self, tx: TxId) -> bool {
         self.lock().txs.get(&tx).is_some_and(|t| t.doomed.is_some())
+    }
+
+    /// True if `tx` lost a conflict (a rerun may succeed), as opposed to
+    /// going past a cap (a rerun would not).
+    pub fn lost_conflict(&self, tx: TxId) -> bool {
+        self.lock().txs.get(&tx).is_some_and(|t| matches!(t.doomed, Some(budget::Doom::Conflict(_))))
     }
 
     /// How many transactions are live.
@@ -419,7 +438,7 @@ impl Engine {
             if st.lookup(t, parent, name)?.is_some() {
                 return Err(Error::posix("link", format!("{name:?} exists"), libc::EEXIST));
             }
-            t.delta.dirs.entry(parent).or_default().insert(name.to_owned(), Some(o));
+            t.set_entry(parent, name, Some(o));
             t.delta.obj(o).attr.nlink += 1;
             State::touch(t, o, false);
             State::touch(t, parent, true);
@@ -594,6 +613,8 @@ impl Engine {
         s.journal_bytes = st.journal.end;
         s.last_seq = st.seq.0;
         s.live_txs = st.txs.len() as u64;
+        s.tx_mem = st.live_mem;
+        s.stamps = st.ver.len() as u64;
         s.journal_syncs = self.shared.sync.syncs.load(Ordering::Relaxed);
         s
     }

@@ -47,6 +47,8 @@ impl State {
         if mtime {
             a.mtime = Some(now);
         }
+        // Every change of an object's content or attributes comes here.
+        tx.recount(o);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -93,7 +95,8 @@ impl State {
             }
         }
         tx.delta.created.insert(o, NewObj { kind, target: target.map(|t| t.to_owned()), rdev });
-        tx.delta.dirs.entry(parent).or_default().insert(name.to_owned(), Some(o));
+        tx.charge_bytes(target.map_or(0, |t| t.len() as u64));
+        tx.set_entry(parent, name, Some(o));
         let now = Timestamp::now();
         let od = tx.delta.obj(o);
         od.attr = AttrDelta {
@@ -140,7 +143,7 @@ impl State {
 
     /// Removes the entry `name -> o` from `parent` and adjusts link counts.
     fn drop_link(&mut self, tx: &mut Tx, parent: ObjId, name: &OsStr, o: ObjId, kind: FileKind) {
-        tx.delta.dirs.entry(parent).or_default().insert(name.to_owned(), None);
+        tx.set_entry(parent, name, None);
         if kind == FileKind::Dir {
             tx.delta.obj(o).attr.nlink -= 2;
             tx.delta.obj(parent).attr.nlink -= 1;
@@ -207,8 +210,8 @@ impl State {
         if flags.exchange {
             let dst = dst.expect("checked");
             let dkind = self.node_kind(dst)?;
-            tx.delta.dirs.entry(from_dir).or_default().insert(from.to_owned(), Some(dst));
-            tx.delta.dirs.entry(to_dir).or_default().insert(to.to_owned(), Some(src));
+            tx.set_entry(from_dir, from, Some(dst));
+            tx.set_entry(to_dir, to, Some(src));
             if from_dir != to_dir {
                 for (o, k, newp, oldp) in [(src, skind, to_dir, from_dir), (dst, dkind, from_dir, to_dir)] {
                     if k == FileKind::Dir {
@@ -237,8 +240,8 @@ impl State {
             }
             self.drop_link(tx, to_dir, to, d, dkind);
         }
-        tx.delta.dirs.entry(from_dir).or_default().insert(from.to_owned(), None);
-        tx.delta.dirs.entry(to_dir).or_default().insert(to.to_owned(), Some(src));
+        tx.set_entry(from_dir, from, None);
+        tx.set_entry(to_dir, to, Some(src));
         if skind == FileKind::Dir {
             tx.delta.parents.insert(src, to_dir);
             if from_dir != to_dir {

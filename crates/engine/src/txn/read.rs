@@ -14,6 +14,7 @@
 //! `tests/unlocked_reads.rs`.
 
 use super::api::{Attr, DirEntry};
+use super::budget::Doom;
 use super::isolation::PAGE;
 use super::namespace::reserved;
 use super::state::{State, Tx, ORPHANS_OBJ};
@@ -33,7 +34,7 @@ impl State {
     // ----- versions: eager checks (I2) -------------------------------------
 
     fn conflict(tx: &mut Tx, what: String) -> Error {
-        tx.doomed = Some(what.clone());
+        tx.doomed = Some(Doom::Conflict(what.clone()));
         Error::Conflict { tx: tx.id, what }
     }
 
@@ -50,7 +51,10 @@ impl State {
         if self.ver.names.get(&key).is_some_and(|q| *q > tx.start) {
             return Err(Self::conflict(tx, format!("name {name:?} in {dir}")));
         }
-        tx.reads.names.insert(key);
+        let bytes = key.1.len() as u64;
+        if tx.reads.names.insert(key) {
+            tx.charge_read(bytes);
+        }
         Ok(())
     }
 
@@ -75,7 +79,15 @@ impl State {
         if self.ver.pages.get(&o).is_some_and(|r| r.newest(p0, p1) > tx.start) {
             return Err(Self::conflict(tx, format!("data of {o}")));
         }
-        tx.reads.pages.entry(o).or_default().push((p0, p1));
+        let ranges = tx.reads.pages.entry(o).or_default();
+        // A file read in order is one range, not one per read.
+        match ranges.last_mut() {
+            Some(last) if last.0 <= p1 && p0 <= last.1 => *last = (last.0.min(p0), last.1.max(p1)),
+            _ => {
+                ranges.push((p0, p1));
+                tx.charge_page_range();
+            }
+        }
         Ok(())
     }
 

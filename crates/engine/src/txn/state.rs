@@ -21,6 +21,7 @@
 //! raced (`tests/unlocked_reads.rs`).
 
 use super::api::{Options, Stats};
+use super::budget::{Caps, Doom, ObjCount};
 use super::isolation::{ReadSet, Versions};
 
 use crate::delta::{DataLoc, Delta};
@@ -65,8 +66,16 @@ pub(crate) struct Tx {
     pub(super) start: Seq,
     pub(super) delta: Delta,
     pub(super) reads: ReadSet,
-    pub(super) doomed: Option<String>,
+    pub(super) doomed: Option<Doom>,
     pub(super) mem_bytes: u64,
+    /// Bookkeeping bytes charged beside the maps' entries (budget.rs).
+    pub(super) book: u64,
+    /// What `book` holds for each object's extents and xattrs.
+    pub(super) counted: HashMap<ObjId, ObjCount>,
+    /// Page ranges in the read set.
+    pub(super) page_ranges: u64,
+    /// What the mount's count (`State::live_mem`) holds for it.
+    pub(super) charged: u64,
     /// The transaction's spill data file and where its next bytes go.
     pub(super) spill: Option<(DataFileId, u64)>,
     /// Files it created whose content is staged in a data file.
@@ -105,6 +114,10 @@ impl Tx {
             reads: ReadSet::default(),
             doomed: None,
             mem_bytes: 0,
+            book: 0,
+            counted: HashMap::new(),
+            page_ranges: 0,
+            charged: 0,
             spill: None,
             staged: HashMap::new(),
             shadows: HashMap::new(),
@@ -177,6 +190,12 @@ pub(crate) struct State {
     /// their shadows, `(id, length)`. A new shadow takes one and overwrites
     /// blocks that are already allocated (DESIGN §2a).
     pub(super) spares: Vec<(DataFileId, u64)>,
+    /// Memory caps of live transactions, and what they hold together
+    /// (budget.rs).
+    pub(super) caps: Caps,
+    pub(super) live_mem: u64,
+    /// A big transaction ended: give freed heap back once the lock is let go.
+    pub(super) trim: bool,
 }
 
 impl State {
@@ -311,6 +330,10 @@ impl State {
     /// Removes the data files `tx` still owns (none of its bytes
     /// survive; a commit has already taken the ones its record names).
     pub(super) fn discard_tx(&mut self, tx: &Tx) {
+        self.live_mem = self.live_mem.saturating_sub(tx.charged);
+        if tx.charged >= super::budget::TRIM_AFTER {
+            self.trim = true;
+        }
         for id in tx.data_file_ids() {
             if self.data_files.get(&id).is_some_and(|d| d.owner == Some(tx.id)) {
                 self.data_files.remove(&id);
@@ -356,6 +379,9 @@ impl State {
             stage_threshold: opts.stage_threshold,
             max_file_size: storage_limits.0,
             max_links: storage_limits.1,
+            caps: Caps::of(opts),
+            live_mem: 0,
+            trim: false,
         };
         let dir = |parent: ObjId, name: &str| Node {
             kind: FileKind::Dir,

@@ -105,7 +105,7 @@ impl State {
             self.spilled(tx, o, off, data.len() as u64, id, off);
             return Ok(());
         }
-        let loc = if tx.mem_bytes + data.len() as u64 > self.spill_threshold {
+        let loc = if !self.mem_fits(tx, data.len() as u64) {
             self.spill(tx, data)?
         } else {
             tx.mem_bytes += data.len() as u64;
@@ -141,7 +141,7 @@ impl State {
             return Ok(Some((id, off, file)));
         }
         let ordinary = len == 0
-            || tx.mem_bytes + len <= self.spill_threshold
+            || self.mem_fits(tx, len)
             || tx.delta.created.contains_key(&o)
             || off.checked_add(len).is_none_or(|e| e > i64::MAX as u64)
             || self.kind_in(Some(tx), o)? != FileKind::File;
@@ -178,7 +178,7 @@ impl State {
         }
         // Like a new file's staging: once the rewrite reaches
         // `stage_threshold`, or its bytes would leave memory.
-        if (tx.mem_bytes + len <= self.spill_threshold && off + len < self.stage_threshold)
+        if (self.mem_fits(tx, len) && off + len < self.stage_threshold)
             || tx.delta.created.contains_key(&o)
             || self.kind_in(Some(tx), o)? != FileKind::File
         {
@@ -488,11 +488,12 @@ impl Engine {
             // A commit of `t` may be waiting for its copies.
             self.shared.copied.notify_all();
         }
-        let doomed = t.doomed.clone();
         let poisoned = st.poisoned();
-        if let (Ok(()), None, None) = (&copied, &doomed, &poisoned) {
+        if let (Ok(()), None, None) = (&copied, &t.doomed, &poisoned) {
             st.spilled(&mut t, o, off, len, id, at);
+            st.charge(&mut t);
         }
+        let doomed = t.doomed.clone();
         let id_tx = t.id;
         st.txs.insert(id_tx, t);
         if let Some(p) = poisoned {
@@ -500,9 +501,12 @@ impl Engine {
         }
         match copied {
             Ok(()) => match doomed {
-                Some(what) => {
-                    st.stats.conflicts += 1;
-                    Err(Error::Conflict { tx: id_tx, what })
+                Some(d) => {
+                    let e = d.error(id_tx);
+                    if e.is_conflict() {
+                        st.stats.conflicts += 1;
+                    }
+                    Err(e)
                 }
                 None => Ok(data.len()),
             },

@@ -103,6 +103,11 @@ enum Cmd {
         /// path, inside a transaction) are skipped; default_permissions
         /// keeps them (for root processes without CAP_DAC_OVERRIDE,
         /// CAP_FOWNER, CAP_CHOWN or CAP_FSETID, e.g. in containers).
+        /// Limits: tx_mem=SIZE (memory one transaction may hold in the
+        /// daemon, default 128M), mount_tx_mem=SIZE (all live transactions
+        /// together, default 192M), tx_reads=N (read-set entries of one
+        /// transaction, default 1048576); past one, the operation fails
+        /// with ENOSPC and the transaction can only be aborted.
         #[arg(short = 'o')]
         options: Vec<String>,
         /// As a mount helper (mount.fuse.txfs): mount(8)'s -n, -s and -v,

@@ -56,9 +56,9 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
         }
         Arc::new(storage)
     };
+    let (mut mopts, acl, permissions, engine_opts) = parse_options(&backing, options)?;
     let engine = Arc::new(
-        Engine::open(storage, knobs.engine_options(Options::default()))
-            .map_err(|e| format!("{}: {e}", backing.display()))?,
+        Engine::open(storage, knobs.engine_options(engine_opts)).map_err(|e| format!("{}: {e}", backing.display()))?,
     );
     #[cfg(any(feature = "testing", debug_assertions))]
     if let Some(a) = &armed {
@@ -67,7 +67,6 @@ pub fn mount(backing: &Path, point: &Path, foreground: bool, options: &[String])
     let notifier_slot = Arc::new(std::sync::OnceLock::new());
     let txfs = fuse::TxFs::new(engine.clone(), backing.clone(), point.clone(), notifier_slot.clone(), knobs.clone());
     let gate = txfs.gate.clone();
-    let (mut mopts, acl, permissions) = parse_options(&backing, options)?;
     // The kernel checks permissions (and, to do so, asks for the attributes
     // of every directory on a path whose cached attributes expired: inside
     // a transaction, every one) unless only root can reach the mount: root
@@ -381,9 +380,34 @@ fn mount_point(point: &Path) -> Result<std::path::PathBuf, String> {
     point.canonicalize().map_err(|e| format!("{shown}: {e}"))
 }
 
-/// The FUSE mount options, who may reach the mount, and whether
-/// default_permissions was asked for, from `-o` options.
-type Parsed = (Vec<fuser::MountOption>, fuser::SessionACL, bool);
+/// The FUSE mount options, who may reach the mount, whether
+/// default_permissions was asked for, and the engine's options, from `-o`
+/// options.
+type Parsed = (Vec<fuser::MountOption>, fuser::SessionACL, bool, Options);
+
+/// A size as mount options give it: bytes, or with a suffix K, M, G (KiB,
+/// MiB, GiB; `k`, `m`, `g` and a trailing `i`/`iB`/`B` too).
+fn parse_size(key: &str, v: &str) -> Result<u64, String> {
+    let t = v.trim_end_matches(['B', 'b']).trim_end_matches('i');
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (
+            &t[..i],
+            match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("{key}={v}: not a size (a number, with K, M, G or T)")),
+            },
+        ),
+        _ => (t, 0),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{key}={v}: not a size (a positive number, with K, M, G or T)"))
+}
 
 fn parse_options(backing: &Path, options: &[String]) -> Result<Parsed, String> {
     let mut mopts = vec![
@@ -392,7 +416,28 @@ fn parse_options(backing: &Path, options: &[String]) -> Result<Parsed, String> {
     ];
     let mut acl = fuser::SessionACL::Owner;
     let mut permissions = false;
+    let mut engine = Options::default();
     for o in options.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
+        if let Some((key, v)) = o.split_once('=') {
+            match key {
+                "tx_mem" => {
+                    engine.tx_mem = parse_size(key, v)?;
+                    continue;
+                }
+                "mount_tx_mem" => {
+                    engine.mount_tx_mem = parse_size(key, v)?;
+                    continue;
+                }
+                "tx_reads" => {
+                    engine.tx_reads =
+                        v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                            format!("tx_reads={v}: not a count (a positive number of read-set entries)")
+                        })?;
+                    continue;
+                }
+                _ => {}
+            }
+        }
         match o {
             "allow_other" => acl = fuser::SessionACL::All,
             "allow_root" => acl = fuser::SessionACL::RootAndOwner,
@@ -418,7 +463,7 @@ fn parse_options(backing: &Path, options: &[String]) -> Result<Parsed, String> {
             }
         }
     }
-    Ok((mopts, acl, permissions))
+    Ok((mopts, acl, permissions, engine))
 }
 
 /// Refuses layouts in which the daemon would reach its own mount through

@@ -347,7 +347,14 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
                 return ExitCode::from(EX_TEMPFAIL);
             }
             Err(e) => {
-                eprintln!("txfs run: commit failed: {e}: nothing of the command survived");
+                let why = match e.raw_os_error() {
+                    Some(libc::ENOSPC) => {
+                        " (the transaction went past a limit of the mount, tx_mem, mount_tx_mem or tx_reads, \
+                         as BACKING/.txfs/daemon.log says; or BACKING is full)"
+                    }
+                    _ => "",
+                };
+                eprintln!("txfs run: commit failed: {e}{why}: nothing of the command survived");
                 return ExitCode::from(EX_SOFTWARE);
             }
         }

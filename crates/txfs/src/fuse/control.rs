@@ -305,7 +305,8 @@ impl TxFs {
                         if op == wire::RUN_ABORT {
                             // EDEADLK tells `txfs run` that the command failed
                             // because it lost a conflict: worth a rerun.
-                            let doomed = self.engine.is_doomed(tx);
+                            // Not one that went past a cap: a rerun would too.
+                            let doomed = self.engine.lost_conflict(tx);
                             let (_, pages) = self.end_tx(tx, None);
                             tracing::info!(pid, %tx, doomed, "process tree transaction aborted");
                             // NB: the pages are dropped before the reply only on success.
