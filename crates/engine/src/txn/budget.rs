@@ -209,10 +209,13 @@ impl State {
     fn empty_doomed(&mut self, tx: &mut Tx, why: Doom) {
         self.discard_tx(tx);
         tx.doomed = Some(why);
-        tx.delta = Delta::default();
-        tx.reads = Default::default();
-        tx.explicit = Default::default();
-        tx.counted = Default::default();
+        let parts = (
+            std::mem::take(&mut tx.delta),
+            std::mem::take(&mut tx.reads),
+            std::mem::take(&mut tx.explicit),
+            std::mem::take(&mut tx.counted),
+        );
+        self.graveyard.push(Box::new(parts));
         tx.staged.clear();
         tx.shadows.clear();
         tx.spill = None;
@@ -231,6 +234,32 @@ fn mib(b: u64) -> String {
 
 /// A transaction that ended holding this much asks for [`trim_heap`].
 pub(crate) const TRIM_AFTER: u64 = 16 << 20;
+
+/// A transaction that ended holding this much is freed without the lock.
+const BURY_FROM: u64 = 1 << 20;
+
+impl State {
+    /// Drops `tx` now if it is small, else once the lock is let go
+    /// ([`unlock`]).
+    pub(super) fn bury(&mut self, tx: Tx) {
+        if tx.held() >= BURY_FROM {
+            self.graveyard.push(Box::new(tx));
+        }
+    }
+}
+
+/// Lets go of the engine lock, then frees what big transactions held and
+/// gives the heap back if one ended: without the lock, so that other
+/// requests do not wait for it.
+pub(crate) fn unlock(mut st: parking_lot::MutexGuard<'_, State>) {
+    let dead = std::mem::take(&mut st.graveyard);
+    let trim = std::mem::take(&mut st.trim);
+    drop(st);
+    drop(dead);
+    if trim {
+        trim_heap();
+    }
+}
 
 /// Hands freed heap back to the system after a big transaction ended
 /// (glibc keeps freed memory in its arenas: without this, the daemon's RSS

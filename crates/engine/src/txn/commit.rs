@@ -92,10 +92,7 @@ impl Engine {
             if st.txs.is_empty() {
                 st.ver.prune_all();
             }
-            if std::mem::take(&mut st.trim) {
-                drop(st);
-                super::budget::trim_heap();
-            }
+            super::budget::unlock(st);
             r?
         };
         if durability == Durability::Durable {
@@ -115,10 +112,8 @@ impl Engine {
         if st.txs.is_empty() {
             st.ver.prune_all();
         }
-        if std::mem::take(&mut st.trim) {
-            drop(st);
-            super::budget::trim_heap();
-        }
+        st.bury(t);
+        super::budget::unlock(st);
         Ok(())
     }
 }
@@ -133,6 +128,17 @@ pub(super) fn commit_locked(
     st: &mut State,
     sync: &SyncState,
     mut tx: Tx,
+    sync_follows: bool,
+) -> Result<(Lsn, Vec<ObjId>)> {
+    let r = validate_and_publish(st, sync, &mut tx, sync_follows);
+    st.bury(tx);
+    r
+}
+
+fn validate_and_publish(
+    st: &mut State,
+    sync: &SyncState,
+    tx: &mut Tx,
     sync_follows: bool,
 ) -> Result<(Lsn, Vec<ObjId>)> {
     if let Some(d) = tx.doomed.take() {
@@ -150,7 +156,7 @@ pub(super) fn commit_locked(
     }
     // Bytes written to data files since the caller synced them (or every
     // byte, for a commit that did not go through commit_changes).
-    let unsynced = take_unsynced(&st.data_files, &mut tx);
+    let unsynced = take_unsynced(&st.data_files, tx);
     if let Err(e) = sync_data_files(&**st.storage(), &unsynced) {
         st.discard_tx(&tx);
         st.stats.aborts += 1;

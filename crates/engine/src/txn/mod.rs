@@ -198,34 +198,32 @@ impl Engine {
                     st.stats.conflicts += 1;
                 }
                 st.txs.insert(id, t);
-                let trim = std::mem::take(&mut st.trim);
-                drop(st);
-                if trim {
-                    budget::trim_heap();
-                }
+                budget::unlock(st);
                 res
             }
             None => {
                 st.next_tx += 1;
                 let mut t = Tx::new(TxId(st.next_tx), st.seq);
                 t.mem_bytes = 0;
-                let out = f(&mut st, &mut t);
-                match out {
+                let out = match f(&mut st, &mut t) {
                     Ok(v) => {
                         if let Some(p) = poisoned.filter(|_| !t.delta.is_empty()) {
                             st.discard_tx(&t);
-                            return Err(Error::Poisoned(p));
+                            Err(Error::Poisoned(p))
+                        } else if !t.delta.is_empty() {
+                            commit_locked(&mut st, &self.shared.sync, t, false).map(|_| v)
+                        } else {
+                            Ok(v)
                         }
-                        if !t.delta.is_empty() {
-                            commit_locked(&mut st, &self.shared.sync, t, false)?;
-                        }
-                        Ok(v)
                     }
                     Err(e) => {
                         st.discard_tx(&t);
                         Err(e)
                     }
-                }
+                };
+                // A plain write of many MiB is freed without the lock too.
+                budget::unlock(st);
+                out
             }
         }
     }

@@ -196,6 +196,9 @@ pub(crate) struct State {
     pub(super) live_mem: u64,
     /// A big transaction ended: give freed heap back once the lock is let go.
     pub(super) trim: bool,
+    /// What big transactions held, dropped once the lock is let go (a
+    /// million extents take tens of milliseconds to free: budget.rs).
+    pub(super) graveyard: Vec<Box<dyn std::any::Any + Send>>,
 }
 
 impl State {
@@ -382,6 +385,7 @@ impl State {
             caps: Caps::of(opts),
             live_mem: 0,
             trim: false,
+            graveyard: Vec::new(),
         };
         let dir = |parent: ObjId, name: &str| Node {
             kind: FileKind::Dir,
