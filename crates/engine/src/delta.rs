@@ -158,14 +158,26 @@ impl ExtentMap {
         out
     }
 
-    /// True if every byte of `[start, end)` is covered.
+    /// True if every byte of `[start, end)` is covered. Stops at the first
+    /// gap: a map of a million extents with gaps answers at once.
     pub fn covers(&self, start: u64, end: u64) -> bool {
+        if start >= end {
+            return true;
+        }
         let mut at = start;
-        for (o, l, _) in self.pieces(start, end) {
+        if let Some((&o, e)) = self.map.range(..start).next_back() {
+            if o + e.len > start {
+                at = o + e.len;
+            }
+        }
+        for (&o, e) in self.map.range(at..) {
+            if at >= end {
+                break;
+            }
             if o != at {
                 return false;
             }
-            at = o + l;
+            at = o + e.len;
         }
         at >= end
     }
@@ -522,6 +534,23 @@ mod tests {
             ab.compose(&db);
             prop_assert_eq!(apply(&ab, &below), model.clone());
             prop_assert_eq!(apply(&ab, &apply(&ab, &below)), model);
+        }
+    }
+
+    proptest! {
+        /// `covers` says what a byte map says: every byte of the range is
+        /// in some extent.
+        #[test]
+        fn covers_matches_a_byte_map(writes in proptest::collection::vec((0u64..64, 1u64..12), 0..10),
+                                     start in 0u64..80, len in 0u64..40) {
+            let mut m = ExtentMap::default();
+            let mut bytes = [false; 128];
+            for (o, l) in writes {
+                m.insert(o, l, mem(&vec![1u8; l as usize]));
+                bytes[o as usize..(o + l) as usize].fill(true);
+            }
+            let want = bytes[start as usize..(start + len) as usize].iter().all(|b| *b);
+            prop_assert_eq!(m.covers(start, start + len), want);
         }
     }
 

@@ -185,6 +185,7 @@ impl State {
             return Ok(None);
         }
         let mine = tx.delta.objs.get(&o).and_then(|od| od.file.as_ref());
+        // Cheap checks first: `covers` walks the extents up to a gap.
         let prefix = |f: &FileDelta| f.ext.end() <= off && f.ext.covers(0, off);
         if off + len < SHADOW_MIN || off > self.spill_threshold.max(SHADOW_MIN) || !(mine.map_or(off == 0, prefix)) {
             return Ok(None);
