@@ -133,6 +133,21 @@ impl ExtentMap {
         self.map.insert(off, Extent { len, loc });
     }
 
+    /// Moves every extent whose bytes are not in a data file to the next
+    /// bytes of a run starting at `at` in the journal of `epoch`, in offset
+    /// order (as [`encode`](crate) laid them out); returns where the run
+    /// ends. One pass, no splitting: a commit of a million extents points
+    /// them at its record in linear time.
+    pub fn to_journal(&mut self, epoch: Epoch, mut at: u64) -> u64 {
+        for e in self.map.values_mut() {
+            if !matches!(e.loc, DataLoc::File(..)) {
+                e.loc = DataLoc::Journal(epoch, at);
+                at += e.len;
+            }
+        }
+        at
+    }
+
     /// Drops every byte at or beyond `at`.
     pub fn clip(&mut self, at: u64) {
         self.punch(at, u64::MAX);
@@ -307,6 +322,38 @@ impl FileDelta {
         self.cut = self.cut.min(top.cut);
     }
 
+    /// [`FileDelta::compose`], taking `top`'s extents instead of copying
+    /// them: when none of ours survives `top`'s cut, or all of ours lie
+    /// below its first extent (a commit's extents over an older commit's,
+    /// the common case), the maps are joined without a lookup per extent —
+    /// a commit of a million extents held the engine lock 0.3 s inserting
+    /// them one by one.
+    pub fn compose_owned(&mut self, top: FileDelta) {
+        if top.cut != NO_CUT {
+            self.ext.clip(top.cut);
+        }
+        let mut ext = top.ext;
+        let below = match ext.map.keys().next() {
+            None => true,
+            Some(&first) => self.ext.end() <= first,
+        };
+        if self.ext.is_empty() {
+            std::mem::swap(&mut self.ext, &mut ext);
+        } else if below {
+            self.ext.map.append(&mut ext.map);
+        } else {
+            for (o, e) in ext.map {
+                self.ext.insert(o, e.len, e.loc);
+            }
+        }
+        self.size = match (self.size, top.size) {
+            (_, SizeDelta::Exactly(t)) => SizeDelta::Exactly(t),
+            (SizeDelta::Exactly(s), SizeDelta::AtLeast(t)) => SizeDelta::Exactly(s.min(top.cut).max(t)),
+            (SizeDelta::AtLeast(s), SizeDelta::AtLeast(t)) => SizeDelta::AtLeast(s.min(top.cut).max(t)),
+        };
+        self.cut = self.cut.min(top.cut);
+    }
+
     /// Lays this delta over `buf`, which holds bytes `[off, off+len)` of the
     /// content below (of size `lower`). Returns the new size. `fetch` reads
     /// extent data.
@@ -411,6 +458,26 @@ impl Delta {
     /// The entry change for `name` in `dir`, if this delta has one.
     pub fn entry(&self, dir: ObjId, name: &std::ffi::OsStr) -> Option<Option<ObjId>> {
         self.dirs.get(&dir).and_then(|d| d.get(name)).copied()
+    }
+
+    /// [`Delta::compose`], taking `top` apart instead of copying it (its
+    /// files' extents: [`FileDelta::compose_owned`]).
+    pub fn compose_owned(&mut self, top: Delta) {
+        self.created.extend(top.created);
+        self.parents.extend(top.parents);
+        for (d, entries) in top.dirs {
+            self.dirs.entry(d).or_default().extend(entries);
+        }
+        for (o, od) in top.objs {
+            let mine = self.objs.entry(o).or_default();
+            mine.attr.compose(&od.attr);
+            if let Some(f) = od.file {
+                match &mut mine.file {
+                    Some(m) => m.compose_owned(f),
+                    None => mine.file = Some(f),
+                }
+            }
+        }
     }
 
     /// `self` then `top`, as one delta.
@@ -533,7 +600,11 @@ mod tests {
             let mut ab = da.clone();
             ab.compose(&db);
             prop_assert_eq!(apply(&ab, &below), model.clone());
-            prop_assert_eq!(apply(&ab, &apply(&ab, &below)), model);
+            prop_assert_eq!(apply(&ab, &apply(&ab, &below)), model.clone());
+            // Taking `b` apart composes the same.
+            let mut owned = da.clone();
+            owned.compose_owned(db.clone());
+            prop_assert_eq!(apply(&owned, &below), model);
         }
     }
 

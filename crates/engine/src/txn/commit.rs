@@ -251,18 +251,29 @@ fn validate_and_publish(
         }
     }
     // Point the delta's extents at the journal, then publish.
+    // `extents` lists them object by object, each in offset order, every
+    // extent of the object that is not in a data file: as `to_journal`
+    // walks them.
     let epoch = st.journal.epoch;
     let mut data_off = appended.data_start;
-    for (o, foff, len, _) in &extents {
-        if let Some(f) = tx.delta.objs.get_mut(o).and_then(|od| od.file.as_mut()) {
-            f.ext.insert(*foff, *len, DataLoc::Journal(epoch, data_off));
+    let mut last = None;
+    for (o, _, len, _) in &extents {
+        if last != Some(*o) {
+            last = Some(*o);
+            if let Some(f) = tx.delta.objs.get_mut(o).and_then(|od| od.file.as_mut()) {
+                let end = f.ext.to_journal(epoch, data_off);
+                debug_assert_eq!(
+                    end - data_off,
+                    extents.iter().filter(|(p, ..)| p == o).map(|(_, _, l, _)| *l).sum::<u64>()
+                );
+            }
         }
         data_off += len;
     }
     stamp(st, &tx.delta, seq, &old_sizes);
     let floor = st.txs.values().map(|t| t.start).min();
     st.ver.maybe_prune(floor);
-    st.committed.compose(&tx.delta);
+    st.committed.compose_owned(std::mem::take(&mut tx.delta));
     for (o, old) in &old_sizes {
         if st.attr_unrecorded(None, *o).map(|a| a.size).ok() != Some(*old) {
             st.ver.metas.insert(*o, seq);
@@ -350,8 +361,23 @@ pub(super) fn stamp(st: &mut State, delta: &Delta, seq: Seq, old_sizes: &HashMap
         if let Some(f) = &od.file {
             let r = st.ver.pages.entry(*o).or_default();
             let before = r.len();
+            // Extents that share or touch pages are one stamp: the same
+            // pages get the same seq, and a million one-byte writes cost a
+            // few stamps instead of a million.
+            let mut run: Option<(u64, u64)> = None;
             for (off, e) in f.ext.iter() {
-                r.stamp(off / PAGE, (off + e.len).div_ceil(PAGE), seq);
+                let (p0, p1) = (off / PAGE, (off + e.len).div_ceil(PAGE));
+                match &mut run {
+                    Some((_, end)) if p0 <= *end => *end = (*end).max(p1),
+                    _ => {
+                        if let Some((s, end)) = run.replace((p0, p1)) {
+                            r.stamp(s, end, seq);
+                        }
+                    }
+                }
+            }
+            if let Some((s, end)) = run {
+                r.stamp(s, end, seq);
             }
             if f.cut != NO_CUT {
                 let old = old_sizes.get(o).copied().unwrap_or(u64::MAX / 2);
