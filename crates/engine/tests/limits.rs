@@ -518,3 +518,66 @@ fn a_failed_journal_sync_stops_every_acknowledgement() {
     let got = e.read(None, f, 0, 16).unwrap();
     assert!(got == b"one" || got == b"two", "not a prefix of the commits: {:?}", String::from_utf8_lossy(&got));
 }
+
+/// A MemFs whose backing tree (everything outside `.txfs/`) refuses
+/// content writes with EIO while armed: a disk going bad under the
+/// checkpoint's contents phase.
+struct FailingTree {
+    inner: Arc<MemFs>,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FailingTree {
+    fn check(&self, p: &Path) -> io::Result<()> {
+        if self.armed.load(Ordering::SeqCst) && !p.starts_with(META_DIR) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
+    }
+}
+
+impl Storage for FailingTree {
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, create_file, mkdir, symlink, mknod, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
+    fn write_at(&self, p: &Path, off: u64, data: &[u8]) -> io::Result<()> {
+        self.check(p)?;
+        self.inner.write_at(p, off, data)
+    }
+    fn set_len(&self, p: &Path, len: u64) -> io::Result<()> {
+        self.check(p)?;
+        self.inner.set_len(p, len)
+    }
+}
+
+/// Story (issue 23): the checkpoint's contents phase meets EIO on the
+/// backing tree. Plain reads go on and see the committed contents (not
+/// EIO, as they did: a failed checkpoint stopped the whole mount); nothing
+/// more is acknowledged; the next open finishes the checkpoint.
+#[test]
+fn a_checkpoint_that_fails_writing_contents_keeps_plain_reads() {
+    let mem = Arc::new(MemFs::new());
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fs = Arc::new(FailingTree { inner: mem.clone(), armed: armed.clone() });
+    let e = Engine::open(fs.clone(), opts(64 << 20)).unwrap();
+    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+    e.write(None, f, 0, b"old contents").unwrap();
+    e.checkpoint().unwrap();
+    e.write(None, f, 0, b"new").unwrap();
+    e.sync().unwrap();
+    armed.store(true, Ordering::SeqCst);
+    let err = e.checkpoint().expect_err("the checkpoint met EIO");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert_eq!(e.read(None, f, 0, 64).unwrap(), b"new contents", "plain reads go on, exact");
+    assert_eq!(e.getattr(None, f).unwrap().size, 12);
+    let err = e.write(None, f, 0, b"x").expect_err("a write acknowledged after a failed checkpoint");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(err.to_string().contains("checkpoint failed"), "{err}");
+    drop(e);
+    armed.store(false, Ordering::SeqCst);
+    let e = Engine::open(mem.clone(), opts(64 << 20)).unwrap();
+    let f = e.resolve(None, Path::new("f")).unwrap();
+    assert_eq!(e.read(None, f, 0, 64).unwrap(), b"new contents");
+    e.close().unwrap();
+    let mut got = vec![0u8; 12];
+    mem.read_at(Path::new("f"), 0, &mut got).unwrap();
+    assert_eq!(got, b"new contents", "recovery finished the checkpoint in the tree");
+}

@@ -7,8 +7,10 @@
 //! `State::frozen`; outside the lock, phases 3–4 and the final sync (the
 //! long part); under the lock again, the frozen delta, the old journal and
 //! the epoch's data files are dropped. A checkpoint that fails after it
-//! started poisons the engine (recovery finishes the plan); one that could
-//! not start (no room) changes nothing and is retried later.
+//! started poisons the engine (recovery finishes the plan): in its
+//! namespace phases, every request; in its contents, every acknowledgement
+//! while plain reads go on. One that could not start (no room) changes
+//! nothing and is retried later.
 //!
 //! Tests: `tests/checkpoint_concurrency.rs`
 //! (`commits_and_reads_go_on_while_the_checkpoint_writes_contents`),
@@ -64,7 +66,13 @@ pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
         .and_then(|()| retire(&*storage, &plan));
     let mut st = state.lock();
     if let Err(e) = res {
-        st.poison(format!("checkpoint failed: {e}"));
+        // The namespace is in place and the node table follows it; only
+        // contents, attributes and the old journal's removal may be half
+        // done. Reads lay the frozen delta over the tree, and laying a
+        // delta over its own partial application gives what applying it
+        // whole gives (delta.rs): plain reads stay exact. Nothing more is
+        // acknowledged; recovery at the next mount finishes the plan.
+        st.poison_journal(format!("checkpoint failed writing contents: {e}; remount to finish it"));
         return Err(e);
     }
     // The retired journal was the last thing naming the epoch's data files
