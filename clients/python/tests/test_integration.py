@@ -76,6 +76,33 @@ def read(path: str) -> str:
         return f.read()
 
 
+def test_several_mounts_the_current_directorys(
+    work: str, second_mount: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two real mounts, no TXFS_MOUNT: begin takes the one holding the
+    # current directory; outside both, ENOTUNIQ naming them
+    monkeypatch.delenv("TXFS_MOUNT")
+    mnt = txfs.find_mount(work)
+    monkeypatch.chdir(work)
+    assert txfs.find_mount() == mnt
+    with txfs.transaction():
+        with open("chosen", "w") as f:
+            f.write("x")
+    assert os.path.exists(os.path.join(work, "chosen"))
+    monkeypatch.chdir(second_mount)
+    assert txfs.find_mount() == second_mount
+    with txfs.transaction():
+        with open("chosen2", "w") as f:
+            f.write("y")
+    assert os.listdir(second_mount) == ["chosen2"]
+    monkeypatch.chdir(os.path.dirname(second_mount))
+    with pytest.raises(OSError) as ei:
+        txfs.begin()
+    assert ei.value.errno == errno.ENOTUNIQ
+    assert mnt in str(ei.value) and second_mount in str(ei.value), ei.value
+    assert not txfs.in_transaction()
+
+
 def test_isolation_from_another_process(work: str) -> None:
     a, b, c, e, f, d = (os.path.join(work, n) for n in ("a.txt", "b.txt", "c.txt", "e.txt", "f.txt", "dir"))
     inner = os.path.join(d, "inner.txt")

@@ -210,7 +210,7 @@ def test_plain_fuse_with_txfs_source_counts(fake: Path) -> None:
     assert _errno_of(txfs.find_mount) == errno.ENOTUNIQ
 
 
-def test_path_inside_a_mount(fake: Path, tmp_path: Path) -> None:
+def test_path_inside_a_mount(fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # pretend tmp_path (and, shorter, "/") is a txfs mount of tmp_path's device
     st = os.stat(tmp_path)
     real = os.path.realpath(tmp_path)
@@ -226,7 +226,27 @@ def test_path_inside_a_mount(fake: Path, tmp_path: Path) -> None:
     assert _errno_of(txfs.find_mount, "/nonexistent/x") == errno.ENOENT
     assert _errno_of(txfs.find_mount, "/proc/self") == errno.ENOTTY
     assert _errno_of(txfs.begin, "/proc/self") == errno.ENOTTY
+    monkeypatch.chdir("/proc")  # on neither device
     assert _errno_of(txfs.find_mount) == errno.ENOTUNIQ
+
+
+def test_several_mounts_the_current_directorys(fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # of several txfs mounts, the deepest holding the current directory
+    st = os.stat(tmp_path)
+    real = os.path.realpath(tmp_path)
+    fake.write_text(
+        "50 1 0:98 / /mnt/a rw - fuse.txfs txfs rw\n"
+        f"51 1 {os.major(st.st_dev)}:{os.minor(st.st_dev)} / {real} rw - fuse.txfs txfs rw\n"
+        "52 1 0:99 / /mnt/b rw - fuse txfs:/srv/b rw\n"
+    )
+    (tmp_path / "inner").mkdir()
+    monkeypatch.chdir(tmp_path / "inner")
+    assert txfs.find_mount() == real
+    monkeypatch.chdir("/proc")
+    with pytest.raises(OSError) as ei:
+        txfs.find_mount()
+    assert ei.value.errno == errno.ENOTUNIQ
+    assert all(p in str(ei.value) for p in ("/mnt/a", "/mnt/b", real)), ei.value
 
 
 def test_txfs_mount_variable(fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

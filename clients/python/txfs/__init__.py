@@ -349,7 +349,7 @@ def _cached_dev(path: str) -> Optional[int]:
 
 class _Last(threading.local):
     def __init__(self) -> None:
-        self.key: Optional[tuple[str, str]] = None
+        self.key: Optional[tuple[str, str, Optional[int]]] = None
         self.mount = ""
         self.dev = 0
 
@@ -361,7 +361,10 @@ def _resolve(mount: Optional[PathArg]) -> str:
     """:func:`find_mount`, answered from the thread's last resolution while
     the path is still on the same device."""
     path = os.fspath(mount) if mount is not None else os.environ.get("TXFS_MOUNT") or None
-    key = (os.fsdecode(path) if path is not None else "", str(mounts.MOUNTINFO))
+    # With no path, of several mounts the current directory's is taken: its
+    # device is part of the question.
+    cwd_dev = _cached_dev(".") if path is None else None
+    key = (os.fsdecode(path) if path is not None else "", str(mounts.MOUNTINFO), cwd_dev)
     if _last.key == key and _cached_dev(key[0] or _last.mount) == _last.dev:
         return _last.mount
     root = find_mount(mount)
