@@ -132,6 +132,10 @@ enum Cmd {
     /// current journal file), checkpoint_lag (committed bytes in the journal
     /// not yet applied to BACKING; a checkpoint starts past
     /// checkpoint_threshold), last_seq (sequence number of the last commit).
+    /// Then the live transactions, oldest first: the process that began
+    /// each (a thread's begin) or the `txfs run` that owns it, its uid, age,
+    /// bytes written so far and read-set entries (what its commit validates);
+    /// in JSON, "transactions".
     #[command(after_help = concat!(
         "Examples:\n",
         "  txfs status /mnt/data\n",
