@@ -539,3 +539,55 @@ def test_conflict_is_oserror_edeadlk() -> None:
     c = txfs.Conflict()
     assert isinstance(c, OSError) and c.errno == errno.EDEADLK
     assert txfs.Conflict(errno.EDEADLK, "x", "/m").filename == "/m"
+
+
+# ---- atomic_write off txfs: temp file, fsync, rename, fsync(dir) ---------
+
+
+def test_atomic_write_off_txfs_replaces_whole_and_durably(
+    fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "config"
+    target.write_text("old")
+    target.chmod(0o640)
+    synced: list = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.path.isdir(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with txfs.atomic_write(target) as f:
+        f.write("new ")
+        f.flush()
+        assert target.read_text() == "old", "nothing visible before the end"
+        f.write("content")
+    assert target.read_text() == "new content"
+    assert synced == [False, True], "the file, then its directory"
+    assert (target.stat().st_mode & 0o777) == 0o640, "a replaced file keeps its permissions"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "mountinfo"], "no temporary left"
+    with txfs.atomic_write(tmp_path / "bin", "wb") as fb:
+        fb.write(b"\0\1")
+    assert (tmp_path / "bin").read_bytes() == b"\0\1"
+
+
+def test_atomic_write_off_txfs_changes_nothing_on_an_exception(fake: Path, tmp_path: Path) -> None:
+    target = tmp_path / "config"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with txfs.atomic_write(target) as f:
+            f.write("half")
+            raise RuntimeError("boom")
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "mountinfo"], "no temporary left"
+    with pytest.raises(FileExistsError):
+        with txfs.atomic_write(target, "x") as f:
+            f.write("other")
+    assert target.read_text() == "old"
+    with txfs.atomic_write(tmp_path / "fresh", "x") as f:
+        f.write("first")
+    assert (tmp_path / "fresh").read_text() == "first"
+    with pytest.raises(ValueError):
+        with txfs.atomic_write(target, "a"):
+            pass  # pragma: no cover
