@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Packaging checks against a real mount (< 30 s): the Python wheel installs
-# and works outside the source tree; `make install` of clients/c gives a
+# and works outside the source tree, with the SQLite helper (txfs_sqlite)
+# loading the VFS that `make -C clients/sqlite install` put in a DESTDIR;
+# `make install` of clients/c gives a
 # pkg-config file that a program compiles and links with; the systemd unit
 # passes systemd-analyze. Needs $TXFS_BIN (the txfs binary); python3 with
 # setuptools and wheel (or setuptools >= 70.1); a C compiler; pkg-config.
@@ -23,7 +25,8 @@ if ! python3 -c 'import setuptools, sys; from setuptools.command import bdist_wh
    ! python3 -c 'import wheel' 2>/dev/null; then
     echo "  SKIPPED: no offline wheel builder (pip install wheel, or setuptools >= 70.1)"
 else
-cp -r clients/python "$T/src"      # build outside the tree: no build/ or egg-info left in it
+cp -rL clients/python "$T/src"     # build outside the tree: no build/ or egg-info left in it
+                                   # (-L: txfs_sqlite.py links to clients/sqlite's)
 rm -rf "$T/src/build" "$T/src"/*.egg-info
 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$T/dist" "$T/src" 2>&1 | grep -v "running pip as the 'root'" || true
 whl=$(ls "$T"/dist/txfs_client-*.whl)
@@ -38,6 +41,32 @@ with txfs.transaction():
         f.write("ok")
 assert txfs.status()["commits"] > before
 print("  wheel", os.path.basename(os.environ.get("WHL", "")) or "ok", "imports from", os.path.dirname(txfs.__file__))
+PY
+)
+fi
+
+echo "== SQLite VFS: make install DESTDIR=, loaded by name through the wheel's txfs_sqlite"
+make -s -C clients/sqlite install DESTDIR="$T/dest" PREFIX=/usr >/dev/null
+test -x "$T/dest/usr/lib/txfs_vfs.so"
+make -s -C clients/sqlite uninstall DESTDIR="$T/dest" PREFIX=/usr >/dev/null
+test ! -e "$T/dest/usr/lib/txfs_vfs.so"
+make -s -C clients/sqlite install DESTDIR="$T/dest" PREFIX=/usr >/dev/null
+if [ -d "$T/site" ]; then
+(cd "$T" && LD_LIBRARY_PATH="$T/dest/usr/lib" PYTHONPATH="$T/site" python3 - <<'PY'
+import os, sqlite3, txfs, txfs_sqlite
+site, mnt = os.environ["PYTHONPATH"], os.environ["TXFS_MOUNT"]
+assert txfs_sqlite.__file__.startswith(site), txfs_sqlite.__file__
+txfs_sqlite.load()  # no extension next to it: found by name (LD_LIBRARY_PATH here, PREFIX/lib when installed)
+db = sqlite3.connect(f"file:{mnt}/from-wheel.db?vfs=txfs", uri=True)
+db.execute("CREATE TABLE t(x)")
+with txfs.transaction():  # rows and a plain file in one commit
+    db.execute("INSERT INTO t VALUES (1)")
+    db.commit()
+    with open(f"{mnt}/from-wheel.attachment", "w") as f:
+        f.write("ok")
+assert db.execute("SELECT count(*) FROM t").fetchone()[0] == 1
+assert not os.path.exists(f"{mnt}/from-wheel.db-journal")
+print("  txfs_sqlite from the wheel loaded the installed txfs_vfs.so; a row and a file committed together")
 PY
 )
 fi
