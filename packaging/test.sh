@@ -94,11 +94,37 @@ cc -static-libgcc -o "$T/prog-static" "$T/prog.c" -I"$T/prefix/include" "$T/pref
 "$T/prog-static" "$T/mnt/from-c-static"
 echo "  pkg-config: $(pkg-config --cflags --libs txfs)"
 
+echo "== man page and shell completions (generated from the argument grammar)"
+subs="mount umount status run recover check completions"
+mkdir -p "$T/man"
+"$TXFS_BIN" __man > "$T/man/txfs.1"
+"$TXFS_BIN" __man "$T/man"
+if command -v man >/dev/null; then
+    page=$(MANWIDTH=80 man -l "$T/man/txfs.1" 2>&1)
+else
+    page=$(cat "$T/man/txfs.1") # no man(1) here: the roff itself
+fi
+grep -q '^\.TH txfs 1' "$T/man/txfs.1"
+for s in $subs; do
+    grep -q "txfs-$s" <<<"$page" || { echo "txfs(1) does not list $s:"; echo "$page"; exit 1; }
+    grep -q "^\.TH txfs-$s 1" "$T/man/txfs-$s.1"
+done
+! grep -q "__heal\|__man" "$T/man/txfs.1" || { echo "txfs(1) lists a hidden subcommand"; exit 1; }
+"$TXFS_BIN" completions bash > "$T/txfs.bash"
+# shellcheck disable=SC2016
+offered=$(bash -c 'source "$1"; COMP_WORDS=(txfs ""); COMP_CWORD=1; _txfs txfs "" txfs; echo "${COMPREPLY[*]}"' _ "$T/txfs.bash")
+for s in $subs; do
+    grep -qw -- "$s" <<<"$offered" || { echo "bash completion of 'txfs <TAB>' lacks $s: $offered"; exit 1; }
+done
+for sh in zsh fish; do "$TXFS_BIN" completions "$sh" | grep -q umount; done
+echo "  txfs(1) and txfs-SUBCOMMAND(1) render; bash completes: $offered"
+
 echo "== systemd unit"
 if command -v systemd-analyze >/dev/null; then
     mkdir -p "$T/unit"
     sed "s|/usr/local/bin/txfs|$TXFS_BIN|" packaging/txfs@.service > "$T/unit/txfs@data.service"
-    systemd-analyze verify "$T/unit/txfs@data.service"
+    # --man=no: its Documentation= page need not be installed where this runs
+    systemd-analyze verify --man=no "$T/unit/txfs@data.service"
     echo "  systemd-analyze verify: ok"
 else
     echo "  (systemd-analyze not installed: skipped)"

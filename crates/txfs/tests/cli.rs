@@ -106,7 +106,7 @@ fn status_lists_live_transactions() {
 
 #[test]
 fn every_subcommand_has_a_man_style_help() {
-    for sub in ["mount", "umount", "status", "run", "recover", "check"] {
+    for sub in ["mount", "umount", "status", "run", "recover", "check", "completions"] {
         let out = Command::new(TXFS).args([sub, "--help"]).output().unwrap();
         assert!(out.status.success(), "txfs {sub} --help");
         let text = String::from_utf8_lossy(&out.stdout);
