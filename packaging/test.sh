@@ -75,6 +75,9 @@ echo "== C library: make install, pkg-config"
 make -s -C clients/c install PREFIX="$T/prefix" >/dev/null
 export PKG_CONFIG_PATH=$T/prefix/lib/pkgconfig
 pkg-config --exists txfs
+# what a distribution ships names no placeholder address
+! grep -En 'https?://(…|\.\.\.|example)' "$T/prefix/include/txfs.h" clients/python/pyproject.toml crates/*/Cargo.toml ||
+    { echo "a placeholder URL in a shipped file"; exit 1; }
 cat > "$T/prog.c" <<'C'
 #include <stdio.h>
 #include <txfs.h>

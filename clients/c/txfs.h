@@ -1,4 +1,4 @@
-/* txfs.h — transactions over a txfs mount (https://…/txfs; see SPEC.md §2).
+/* txfs.h — transactions over a txfs mount (the txfs sources: README.md; the contract: docs/SPEC.md §2).
  *
  * Every call returns 0 on success, or -1 with errno set. A transaction
  * belongs to the calling thread, while that thread lives, and to the
