@@ -122,6 +122,19 @@ done
 for sh in zsh fish; do "$TXFS_BIN" completions "$sh" | grep -q umount; done
 echo "  txfs(1) and txfs-SUBCOMMAND(1) render; bash completes: $offered"
 
+echo "== release binary: no DWARF in it; debug info split off beside it"
+# The release profile strips debug info (cargo install ships that binary).
+awk '/^\[profile\.release\]/ { r = 1; next } /^\[/ { r = 0 } r && /^strip *= *"(debuginfo|symbols)"|^strip *= *true/ { ok = 1 }
+     END { exit !ok }' Cargo.toml || { echo "[profile.release] in Cargo.toml does not strip debug info"; exit 1; }
+# The documented split, on this (debug) binary: stripped, linked to its .debug.
+packaging/split-debug "$TXFS_BIN" "$T/dist" >/dev/null
+! readelf -S "$T/dist/txfs" | grep -q '\.debug_info' || { echo "split-debug left DWARF in the binary"; exit 1; }
+readelf -S "$T/dist/txfs" | grep -q '\.gnu_debuglink'
+readelf -S "$T/dist/txfs.debug" 2>/dev/null | grep -q '\.debug_info'
+[ "$(stat -c %s "$T/dist/txfs")" -lt "$(stat -c %s "$TXFS_BIN")" ]
+"$T/dist/txfs" --version >/dev/null
+echo "  split-debug: $(du -h "$TXFS_BIN" | cut -f1) -> $(du -h "$T/dist/txfs" | cut -f1) + txfs.debug"
+
 echo "== systemd unit"
 if command -v systemd-analyze >/dev/null; then
     mkdir -p "$T/unit"
