@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Packaging checks against a real mount (< 30 s): the Python wheel installs
-# and works outside the source tree; `make install` of clients/c gives a
+# and works outside the source tree, with the SQLite helper (txfs_sqlite)
+# loading the VFS that `make -C clients/sqlite install` put in a DESTDIR;
+# `make install` of clients/c gives a
 # pkg-config file that a program compiles and links with; the systemd unit
 # passes systemd-analyze. Needs $TXFS_BIN (the txfs binary); python3 with
 # setuptools and wheel (or setuptools >= 70.1); a C compiler; pkg-config.
@@ -23,7 +25,8 @@ if ! python3 -c 'import setuptools, sys; from setuptools.command import bdist_wh
    ! python3 -c 'import wheel' 2>/dev/null; then
     echo "  SKIPPED: no offline wheel builder (pip install wheel, or setuptools >= 70.1)"
 else
-cp -r clients/python "$T/src"      # build outside the tree: no build/ or egg-info left in it
+cp -rL clients/python "$T/src"     # build outside the tree: no build/ or egg-info left in it
+                                   # (-L: txfs_sqlite.py links to clients/sqlite's)
 rm -rf "$T/src/build" "$T/src"/*.egg-info
 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$T/dist" "$T/src" 2>&1 | grep -v "running pip as the 'root'" || true
 whl=$(ls "$T"/dist/txfs_client-*.whl)
@@ -42,10 +45,39 @@ PY
 )
 fi
 
+echo "== SQLite VFS: make install DESTDIR=, loaded by name through the wheel's txfs_sqlite"
+make -s -C clients/sqlite install DESTDIR="$T/dest" PREFIX=/usr >/dev/null
+test -x "$T/dest/usr/lib/txfs_vfs.so"
+make -s -C clients/sqlite uninstall DESTDIR="$T/dest" PREFIX=/usr >/dev/null
+test ! -e "$T/dest/usr/lib/txfs_vfs.so"
+make -s -C clients/sqlite install DESTDIR="$T/dest" PREFIX=/usr >/dev/null
+if [ -d "$T/site" ]; then
+(cd "$T" && LD_LIBRARY_PATH="$T/dest/usr/lib" PYTHONPATH="$T/site" python3 - <<'PY'
+import os, sqlite3, txfs, txfs_sqlite
+site, mnt = os.environ["PYTHONPATH"], os.environ["TXFS_MOUNT"]
+assert txfs_sqlite.__file__.startswith(site), txfs_sqlite.__file__
+txfs_sqlite.load()  # no extension next to it: found by name (LD_LIBRARY_PATH here, PREFIX/lib when installed)
+db = sqlite3.connect(f"file:{mnt}/from-wheel.db?vfs=txfs", uri=True)
+db.execute("CREATE TABLE t(x)")
+with txfs.transaction():  # rows and a plain file in one commit
+    db.execute("INSERT INTO t VALUES (1)")
+    db.commit()
+    with open(f"{mnt}/from-wheel.attachment", "w") as f:
+        f.write("ok")
+assert db.execute("SELECT count(*) FROM t").fetchone()[0] == 1
+assert not os.path.exists(f"{mnt}/from-wheel.db-journal")
+print("  txfs_sqlite from the wheel loaded the installed txfs_vfs.so; a row and a file committed together")
+PY
+)
+fi
+
 echo "== C library: make install, pkg-config"
 make -s -C clients/c install PREFIX="$T/prefix" >/dev/null
 export PKG_CONFIG_PATH=$T/prefix/lib/pkgconfig
 pkg-config --exists txfs
+# what a distribution ships names no placeholder address
+! grep -En 'https?://(…|\.\.\.|example)' "$T/prefix/include/txfs.h" clients/python/pyproject.toml crates/*/Cargo.toml ||
+    { echo "a placeholder URL in a shipped file"; exit 1; }
 cat > "$T/prog.c" <<'C'
 #include <stdio.h>
 #include <txfs.h>
@@ -65,11 +97,50 @@ cc -static-libgcc -o "$T/prog-static" "$T/prog.c" -I"$T/prefix/include" "$T/pref
 "$T/prog-static" "$T/mnt/from-c-static"
 echo "  pkg-config: $(pkg-config --cflags --libs txfs)"
 
+echo "== man page and shell completions (generated from the argument grammar)"
+subs="mount umount status run recover check completions"
+mkdir -p "$T/man"
+"$TXFS_BIN" __man > "$T/man/txfs.1"
+"$TXFS_BIN" __man "$T/man"
+if command -v man >/dev/null; then
+    page=$(MANWIDTH=80 man -l "$T/man/txfs.1" 2>&1)
+else
+    page=$(cat "$T/man/txfs.1") # no man(1) here: the roff itself
+fi
+grep -q '^\.TH txfs 1' "$T/man/txfs.1"
+for s in $subs; do
+    grep -q "txfs-$s" <<<"$page" || { echo "txfs(1) does not list $s:"; echo "$page"; exit 1; }
+    grep -q "^\.TH txfs-$s 1" "$T/man/txfs-$s.1"
+done
+! grep -q "__heal\|__man" "$T/man/txfs.1" || { echo "txfs(1) lists a hidden subcommand"; exit 1; }
+"$TXFS_BIN" completions bash > "$T/txfs.bash"
+# shellcheck disable=SC2016
+offered=$(bash -c 'source "$1"; COMP_WORDS=(txfs ""); COMP_CWORD=1; _txfs txfs "" txfs; echo "${COMPREPLY[*]}"' _ "$T/txfs.bash")
+for s in $subs; do
+    grep -qw -- "$s" <<<"$offered" || { echo "bash completion of 'txfs <TAB>' lacks $s: $offered"; exit 1; }
+done
+for sh in zsh fish; do "$TXFS_BIN" completions "$sh" | grep -q umount; done
+echo "  txfs(1) and txfs-SUBCOMMAND(1) render; bash completes: $offered"
+
+echo "== release binary: no DWARF in it; debug info split off beside it"
+# The release profile strips debug info (cargo install ships that binary).
+awk '/^\[profile\.release\]/ { r = 1; next } /^\[/ { r = 0 } r && /^strip *= *"(debuginfo|symbols)"|^strip *= *true/ { ok = 1 }
+     END { exit !ok }' Cargo.toml || { echo "[profile.release] in Cargo.toml does not strip debug info"; exit 1; }
+# The documented split, on this (debug) binary: stripped, linked to its .debug.
+packaging/split-debug "$TXFS_BIN" "$T/dist" >/dev/null
+! readelf -S "$T/dist/txfs" | grep -q '\.debug_info' || { echo "split-debug left DWARF in the binary"; exit 1; }
+readelf -S "$T/dist/txfs" | grep -q '\.gnu_debuglink'
+readelf -S "$T/dist/txfs.debug" 2>/dev/null | grep -q '\.debug_info'
+[ "$(stat -c %s "$T/dist/txfs")" -lt "$(stat -c %s "$TXFS_BIN")" ]
+"$T/dist/txfs" --version >/dev/null
+echo "  split-debug: $(du -h "$TXFS_BIN" | cut -f1) -> $(du -h "$T/dist/txfs" | cut -f1) + txfs.debug"
+
 echo "== systemd unit"
 if command -v systemd-analyze >/dev/null; then
     mkdir -p "$T/unit"
     sed "s|/usr/local/bin/txfs|$TXFS_BIN|" packaging/txfs@.service > "$T/unit/txfs@data.service"
-    systemd-analyze verify "$T/unit/txfs@data.service"
+    # --man=no: its Documentation= page need not be installed where this runs
+    systemd-analyze verify --man=no "$T/unit/txfs@data.service"
     echo "  systemd-analyze verify: ok"
 else
     echo "  (systemd-analyze not installed: skipped)"

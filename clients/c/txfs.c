@@ -347,16 +347,49 @@ static int copy_out(char *out, size_t outlen, const char *s)
 
 /* The mount root for `path` (NULL: the only txfs mount), found in the
  * mountinfo file `mountinfo`. Private, but exported for the tests.
- *   path == NULL: 0 txfs file systems -> ENODEV; several -> ENOTUNIQ. Bind
- *     mounts of one file system (same device) count once.
+ *   path == NULL: 0 txfs file systems -> ENODEV; one -> it; several: the
+ *     one holding the current directory (as `txfs run`), else ENOTUNIQ with
+ *     the candidates in txfs_last_error(). Bind mounts of one file system
+ *     (same device) count once.
  *   path given: the txfs mount holding it (same device; the longest mount
  *     point that is a prefix of its real path, if several); none -> ENOTTY.
  *     If the mountinfo file cannot be read, the path itself (or, for a
  *     non-directory, its parent) is taken as the mount.
  */
+/* The calling thread's last message of mount resolution (txfs_last_error). */
+static __thread char last_error[1280];
+
+TXFS_API const char *txfs_last_error(void)
+{
+    return last_error;
+}
+
+static int find_mount(const char *mountinfo, const char *path, char *out, size_t outlen, int *by_cwd);
+
+/* Append `a` then `b` to the string `dst` of `cap` bytes, truncating. */
+static void append_bounded(char *dst, size_t cap, const char *a, const char *b)
+{
+    size_t n = strlen(dst);
+    for (const char *p = a; *p && n + 1 < cap; p++)
+        dst[n++] = *p;
+    for (const char *p = b; *p && n + 1 < cap; p++)
+        dst[n++] = *p;
+    dst[n] = '\0';
+}
+
 TXFS_API int txfs__find_mount(const char *mountinfo, const char *path, char *out, size_t outlen)
 {
+    int by_cwd;
+    return find_mount(mountinfo, path, out, outlen, &by_cwd);
+}
+
+/* txfs__find_mount; *by_cwd set when the current directory chose among
+ * several mounts (the answer then depends on it). */
+static int find_mount(const char *mountinfo, const char *path, char *out, size_t outlen, int *by_cwd)
+{
     struct stat st;
+    *by_cwd = 0;
+    last_error[0] = '\0';
     char real[PATH_MAX];
     if (path) {
         if (stat(path, &st) != 0)
@@ -386,6 +419,15 @@ TXFS_API int txfs__find_mount(const char *mountinfo, const char *path, char *out
     char chosen[PATH_MAX];
     chosen[0] = '\0';
     int rc = 0;
+    /* With no path: the current directory, to choose among several. */
+    struct stat cwd_st;
+    char cwd[PATH_MAX];
+    int have_cwd = !path && stat(".", &cwd_st) == 0 && realpath(".", cwd) != NULL;
+    char by_dir[PATH_MAX];
+    size_t by_dir_len = 0;
+    by_dir[0] = '\0';
+    char points[1024]; /* the candidates, ", "-separated, truncated */
+    points[0] = '\0';
     while (getline(&line, &cap, f) >= 0) {
         struct mount_entry e;
         if (!parse_line(line, &e))
@@ -401,21 +443,44 @@ TXFS_API int txfs__find_mount(const char *mountinfo, const char *path, char *out
                 strcpy(chosen, e.point);
             }
             found = 1;
-        } else if (!found) {
-            found = 1;
-            dev_maj = e.maj;
-            dev_min = e.min;
-            strcpy(chosen, e.point);
-        } else if (e.maj != dev_maj || e.min != dev_min) {
-            several = 1;
+        } else {
+            append_bounded(points, sizeof points, points[0] ? ", " : "", e.point);
+            if (have_cwd && makedev(e.maj, e.min) == cwd_st.st_dev) {
+                size_t k = path_prefix_len(e.point, cwd);
+                if (k > by_dir_len) {
+                    by_dir_len = k;
+                    strcpy(by_dir, e.point);
+                }
+            }
+            if (!found) {
+                found = 1;
+                dev_maj = e.maj;
+                dev_min = e.min;
+                strcpy(chosen, e.point);
+            } else if (e.maj != dev_maj || e.min != dev_min) {
+                several = 1;
+            }
         }
+    }
+    if (several && by_dir[0]) {
+        several = 0;
+        *by_cwd = 1;
+        strcpy(chosen, by_dir);
     }
     if (ferror(f)) {
         rc = -1;
     } else if (!found) {
+        if (path)
+            snprintf(last_error, sizeof last_error, "%s is not inside a txfs mount", path);
+        else
+            snprintf(last_error, sizeof last_error, "no txfs mount (mount one, or set TXFS_MOUNT)");
         errno = path ? ENOTTY : ENODEV;
         rc = -1;
     } else if (several) {
+        snprintf(last_error, sizeof last_error,
+                 "several txfs mounts (%s) and the current directory is in none of them: set TXFS_MOUNT or use "
+                 "txfs_begin(path)",
+                 points);
         errno = ENOTUNIQ;
         rc = -1;
     } else {
@@ -431,6 +496,7 @@ TXFS_API int txfs__find_mount(const char *mountinfo, const char *path, char *out
  * `checked`: that device was seen to be FUSE by open_mount. */
 static __thread struct {
     int valid, checked;
+    int by_cwd; /* chosen by the current directory, which was on `dev` */
     dev_t dev;
     char key[PATH_MAX];
     char mount[PATH_MAX];
@@ -461,11 +527,14 @@ static int resolve_mount(const char *path, char *out, size_t outlen)
     }
     const char *key = path ? path : "";
     dev_t dev;
+    dev_t cwd_dev;
     if (last.valid && strcmp(last.key, key) == 0 && cached_dev(-1, path ? path : last.mount, &dev) == 0 &&
-        dev == last.dev)
+        dev == last.dev && (!last.by_cwd || (cached_dev(-1, ".", &cwd_dev) == 0 && cwd_dev == dev)))
         return copy_out(out, outlen, last.mount);
-    if (txfs__find_mount(TXFS_DEFAULT_MOUNTINFO, path, out, outlen) != 0)
+    int by_cwd;
+    if (find_mount(TXFS_DEFAULT_MOUNTINFO, path, out, outlen, &by_cwd) != 0)
         return -1;
+    last.by_cwd = by_cwd;
     if (strlen(key) < sizeof last.key && strlen(out) < sizeof last.mount && cached_dev(-1, out, &dev) == 0) {
         strcpy(last.key, key);
         strcpy(last.mount, out);

@@ -1,4 +1,4 @@
-/* txfs.h — transactions over a txfs mount (https://…/txfs; see SPEC.md §2).
+/* txfs.h — transactions over a txfs mount (the txfs sources: README.md; the contract: docs/SPEC.md §2).
  *
  * Every call returns 0 on success, or -1 with errno set. A transaction
  * belongs to the calling thread, while that thread lives, and to the
@@ -16,9 +16,12 @@
  * $TXFS_MOUNT if set and non-empty (any path inside the mount), else the only
  * file system of type "fuse.txfs" in /proc/self/mountinfo (also accepted: type
  * "fuse" with source "txfs:BACKING"; bind mounts of one file system count
- * once). Errors of that step:
+ * once), else, of several, the one holding the current directory (as `txfs
+ * run` chooses). Errors of that step (txfs_last_error() says more):
  *   ENODEV    no txfs mount at all ($TXFS_MOUNT unset);
- *   ENOTUNIQ  several txfs mounts: set $TXFS_MOUNT or use txfs_begin(path);
+ *   ENOTUNIQ  several txfs mounts and the current directory in none of them
+ *             (txfs_last_error() lists them): set $TXFS_MOUNT or use
+ *             txfs_begin(path);
  *   ENOTTY    $TXFS_MOUNT or path_in_mount is not inside a txfs mount;
  *   ENOENT, EACCES, ...  from stat(2)/open(2) of that path.
  * Other errnos: EXDEV for a nested begin on another mount than the open
@@ -57,6 +60,11 @@ int txfs_abort(void);
 /* Earlier commits become durable. NULL: the mount of the calling thread's
  * open transaction, else the mount found as for fs_tx_begin. */
 int txfs_sync(const char *path_in_mount);
+
+/* The calling thread's last message of finding a mount, for the ENODEV,
+ * ENOTUNIQ (with the candidate mount points) and ENOTTY above; "" if that
+ * step last succeeded. Never NULL; valid until the thread's next call. */
+const char *txfs_last_error(void);
 
 /* ---- wire protocol: ioctls on any file or directory of the mount ------ */
 /* FUSE passes only "restricted" ioctls: sizes are encoded in the numbers.

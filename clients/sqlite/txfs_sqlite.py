@@ -18,7 +18,15 @@ import os
 import sqlite3
 from typing import Optional
 
-DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "txfs_vfs")
+#: The extension next to this file (a checkout: clients/sqlite/txfs_vfs.so).
+#: Installed from the txfs-client wheel there is none; then the dynamic
+#: loader's search path finds "txfs_vfs" (``make -C clients/sqlite install``
+#: puts it in PREFIX/lib), or set $TXFS_SQLITE_EXT to its path.
+DEFAULT = os.path.join(os.path.dirname(os.path.realpath(__file__)), "txfs_vfs")
+
+
+def _default() -> str:
+    return DEFAULT if os.path.exists(DEFAULT + ".so") else "txfs_vfs"
 _loaded = False
 
 
@@ -42,7 +50,7 @@ def load(path: Optional[str] = None) -> None:
     global _loaded
     if _loaded:
         return
-    path = path or os.environ.get("TXFS_SQLITE_EXT") or DEFAULT
+    path = path or os.environ.get("TXFS_SQLITE_EXT") or _default()
     boot = sqlite3.connect(":memory:")
     try:
         if hasattr(boot, "enable_load_extension"):

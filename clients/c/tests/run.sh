@@ -79,6 +79,29 @@ if ! is_mounted; then
     exit 1
 fi
 
+# Two real mounts, no TXFS_MOUNT: fs_tx_begin takes the one holding the
+# current directory, and from outside both fails with ENOTUNIQ listing them.
+two_mounts_check() {
+    local b2="$tmp/backing2" m2="$tmp/mnt2" ok=0
+    mkdir -p "$b2" "$m2" "$mnt/cwd-dir"
+    "$bin" mount "$b2" "$m2" >>"$log" 2>&1 || { echo "FAIL - a second txfs mount"; return 1; }
+    local a b
+    a=$(cd "$mnt/cwd-dir" && env -u TXFS_MOUNT "$test_prog" cwd-begin 2>&1)
+    b=$(cd "$tmp" && env -u TXFS_MOUNT "$test_prog" cwd-none 2>&1)
+    [ -f "$mnt/cwd-dir/cwd-chosen" ] && [ ! -e "$m2/cwd-chosen" ] && [ "$a" = committed ] || ok=1
+    case "$b" in *ENOTUNIQ*"$mnt"*"$m2"* | *ENOTUNIQ*"$m2"*"$mnt"*) ;; *) ok=1 ;; esac
+    "$bin" umount "$m2" >>"$log" 2>&1 || { echo "FAIL - txfs umount of the second mount"; return 1; }
+    if [ "$ok" -ne 0 ]; then
+        echo "FAIL - two mounts: in $mnt/cwd-dir: $a; outside both: $b"
+        return 1
+    fi
+    echo "ok - two mounts: fs_tx_begin takes the current directory's; outside both, ENOTUNIQ listing them"
+}
+if ! two_mounts_check; then
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+
 # The descriptor libtxfs keeps between transactions, end to end: `txfs
 # umount` must unmount while an idle client holds one (and checkpoint), the
 # client's next begin must fail cleanly (no txfs there), and after a new

@@ -326,8 +326,46 @@ static int t_mountinfo_path(void)
     CHECK_ERR(txfs__find_mount(fake, "/nonexistent/x", out, sizeof out), ENOENT);
     /* /proc is on another device: not inside a txfs mount */
     CHECK_ERR(txfs__find_mount(fake, "/proc/self", out, sizeof out), ENOTTY);
-    /* no default: several devices */
-    CHECK_ERR(txfs__find_mount(fake, NULL, out, sizeof out), ENOTUNIQ);
+    /* no default: several devices, the current directory in none */
+    char here[PATH_MAX];
+    CHECK(getcwd(here, sizeof here) != NULL && chdir("/proc") == 0, "chdir /proc");
+    int r = txfs__find_mount(fake, NULL, out, sizeof out);
+    int e = errno;
+    CHECK(chdir(here) == 0, "chdir back");
+    CHECK(r == -1 && e == ENOTUNIQ, "from /proc: rc %d, %s", r, strerror(e));
+    return PASS;
+}
+
+/* Of several txfs mounts, the one holding the current directory (the
+ * deepest); in none of them, ENOTUNIQ with every candidate listed. */
+static int t_mountinfo_cwd(void)
+{
+    char out[PATH_MAX], buf[2 * PATH_MAX], real[PATH_MAX], sub[PATH_MAX + 8], here[PATH_MAX];
+    struct stat st;
+    CHECK(stat(tmpdir, &st) == 0 && realpath(tmpdir, real) != NULL, "stat tmpdir");
+    snprintf(sub, sizeof sub, "%s/inner", real);
+    mkdir(sub, 0755);
+    snprintf(buf, sizeof buf,
+             "50 1 0:98 / /mnt/a rw - fuse.txfs txfs rw\n"
+             "51 1 %u:%u / %s rw - fuse.txfs txfs rw\n"
+             "52 1 0:99 / /mnt/b rw - fuse txfs:/srv/b rw\n",
+             major(st.st_dev), minor(st.st_dev), real);
+    CHECK(write_fake(buf) == 0, "write fake mountinfo");
+    CHECK(getcwd(here, sizeof here) != NULL, "getcwd");
+    CHECK(chdir(sub) == 0, "chdir");
+    int r = txfs__find_mount(fake, NULL, out, sizeof out);
+    int e = errno;
+    CHECK(chdir("/proc") == 0, "chdir /proc");
+    int r2 = txfs__find_mount(fake, NULL, out, sizeof out);
+    int e2 = errno;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", txfs_last_error());
+    CHECK(chdir(here) == 0, "chdir back");
+    CHECK(r == 0, "from a directory inside %s: %s", real, strerror(e));
+    CHECK(r2 == -1 && e2 == ENOTUNIQ, "from /proc: rc %d, %s", r2, strerror(e2));
+    CHECK(strstr(msg, "/mnt/a") && strstr(msg, "/mnt/b") && strstr(msg, real), "the candidates listed: %s", msg);
+    CHECK_OK(txfs__find_mount(fake, real, out, sizeof out));
+    CHECK(txfs_last_error()[0] == '\0', "cleared on success: %s", txfs_last_error());
     return PASS;
 }
 
@@ -979,6 +1017,27 @@ static void *reopen_thread_a(void *p)
 static int fresh(const char *what)
 {
     int marked;
+    if (strcmp(what, "cwd-begin") == 0) {
+        /* Run with several mounts up and no TXFS_MOUNT: the transaction is
+         * on the mount holding the current directory. */
+        if (fs_tx_begin() != 0) {
+            printf("begin %s: %s\n", strerror(errno), txfs_last_error());
+            return 1;
+        }
+        int ok = write_file("cwd-chosen", "x") == 0;
+        if (fs_tx_commit() != 0 || !ok) {
+            printf("commit %s\n", strerror(errno));
+            return 1;
+        }
+        printf("committed\n");
+        return 0;
+    }
+    if (strcmp(what, "cwd-none") == 0) {
+        errno = 0;
+        int rc = fs_tx_begin();
+        printf("begin %d %s: %s\n", rc, errno == ENOTUNIQ ? "ENOTUNIQ" : strerror(errno), txfs_last_error());
+        return rc == -1 && errno == ENOTUNIQ ? 0 : 1;
+    }
     if (strcmp(what, "fresh-fork") == 0) {
         /* a fork during the process's very first transaction */
         if (fs_tx_begin() != 0)
@@ -1109,6 +1168,7 @@ int main(int argc, char **argv)
     run("mountinfo: bind mounts of one txfs count once", t_mountinfo_binds, 0);
     run("mountinfo: several txfs mounts -> ENOTUNIQ", t_mountinfo_several, 0);
     run("mountinfo: path inside a mount, longest prefix", t_mountinfo_path, 0);
+    run("mountinfo: several mounts: the current directory's, else all listed", t_mountinfo_cwd, 0);
     run("begin: bad TXFS_MOUNT -> ENOENT / ENOTTY", t_env_errors, 0);
     run("begin: no txfs mounted -> ENODEV", t_no_mount_enodev, 0);
 

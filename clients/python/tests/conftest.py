@@ -121,6 +121,25 @@ def txfs_mount(request: pytest.FixtureRequest) -> Iterator[TxfsMount]:
 
 
 @pytest.fixture()
+def second_mount(txfs_mount: TxfsMount) -> Iterator[str]:
+    """Another txfs mount (daemon mode) for the length of one test."""
+    binary = os.environ.get("TXFS_BIN") or DEFAULT_BIN
+    base = os.path.realpath(tempfile.mkdtemp(prefix="txfs-pytest2."))
+    backing, mnt = os.path.join(base, "backing"), os.path.join(base, "mnt")
+    os.mkdir(backing)
+    os.mkdir(mnt)
+    r = subprocess.run([binary, "mount", backing, mnt], capture_output=True, text=True, timeout=MOUNT_TIMEOUT)
+    if r.returncode != 0:
+        pytest.fail(f"a second txfs mount failed: {r.stderr}")
+    try:
+        yield mnt
+    finally:
+        _unmount(binary, mnt)
+        if not _mounted(mnt):
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture()
 def mnt(txfs_mount: TxfsMount, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The mount point, also as $TXFS_MOUNT (other txfs mounts may exist)."""
     monkeypatch.setenv("TXFS_MOUNT", txfs_mount.mnt)

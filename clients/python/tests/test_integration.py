@@ -76,6 +76,70 @@ def read(path: str) -> str:
         return f.read()
 
 
+def test_several_mounts_the_current_directorys(
+    work: str, second_mount: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two real mounts, no TXFS_MOUNT: begin takes the one holding the
+    # current directory; outside both, ENOTUNIQ naming them
+    monkeypatch.delenv("TXFS_MOUNT")
+    mnt = txfs.find_mount(work)
+    monkeypatch.chdir(work)
+    assert txfs.find_mount() == mnt
+    with txfs.transaction():
+        with open("chosen", "w") as f:
+            f.write("x")
+    assert os.path.exists(os.path.join(work, "chosen"))
+    monkeypatch.chdir(second_mount)
+    assert txfs.find_mount() == second_mount
+    with txfs.transaction():
+        with open("chosen2", "w") as f:
+            f.write("y")
+    assert os.listdir(second_mount) == ["chosen2"]
+    monkeypatch.chdir(os.path.dirname(second_mount))
+    with pytest.raises(OSError) as ei:
+        txfs.begin()
+    assert ei.value.errno == errno.ENOTUNIQ
+    assert mnt in str(ei.value) and second_mount in str(ei.value), ei.value
+    assert not txfs.in_transaction()
+
+
+def _cat(path: str) -> str:
+    # another process's view of the file
+    return subprocess.run(["cat", path], capture_output=True, text=True, check=True).stdout
+
+
+def test_atomic_write_on_txfs_is_one_transaction(work: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = os.path.join(work, "config")
+    write(target, "old")
+    os.chmod(target, 0o640)
+    commits = txfs.status()["commits"]
+    fsyncs: list = []
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd))
+    with txfs.atomic_write(target) as f:
+        assert txfs.in_transaction(), "a transaction, not the rename dance"
+        f.write("new ")
+        f.flush()
+        assert _cat(target) == "old", "others see the old file until the end"
+        f.write("content")
+    assert not txfs.in_transaction()
+    assert _cat(target) == "new content"
+    assert txfs.status()["commits"] > commits
+    assert fsyncs == [], "a durable commit needs no fsync"
+    assert sorted(os.listdir(work)) == ["config"], "no temporary file"
+    assert (os.stat(target).st_mode & 0o777) == 0o640
+    # an exception: nothing changes, the transaction is gone
+    with pytest.raises(RuntimeError):
+        with txfs.atomic_write(target, "wb") as fb:
+            fb.write(b"half")
+            raise RuntimeError("boom")
+    assert _cat(target) == "new content"
+    assert not txfs.in_transaction()
+    with pytest.raises(FileExistsError):
+        with txfs.atomic_write(target, "x") as f:
+            f.write("x")  # pragma: no cover
+    assert _cat(target) == "new content" and not txfs.in_transaction()
+
+
 def test_isolation_from_another_process(work: str) -> None:
     a, b, c, e, f, d = (os.path.join(work, n) for n in ("a.txt", "b.txt", "c.txt", "e.txt", "f.txt", "dir"))
     inner = os.path.join(d, "inner.txt")

@@ -210,7 +210,7 @@ def test_plain_fuse_with_txfs_source_counts(fake: Path) -> None:
     assert _errno_of(txfs.find_mount) == errno.ENOTUNIQ
 
 
-def test_path_inside_a_mount(fake: Path, tmp_path: Path) -> None:
+def test_path_inside_a_mount(fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # pretend tmp_path (and, shorter, "/") is a txfs mount of tmp_path's device
     st = os.stat(tmp_path)
     real = os.path.realpath(tmp_path)
@@ -226,7 +226,27 @@ def test_path_inside_a_mount(fake: Path, tmp_path: Path) -> None:
     assert _errno_of(txfs.find_mount, "/nonexistent/x") == errno.ENOENT
     assert _errno_of(txfs.find_mount, "/proc/self") == errno.ENOTTY
     assert _errno_of(txfs.begin, "/proc/self") == errno.ENOTTY
+    monkeypatch.chdir("/proc")  # on neither device
     assert _errno_of(txfs.find_mount) == errno.ENOTUNIQ
+
+
+def test_several_mounts_the_current_directorys(fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # of several txfs mounts, the deepest holding the current directory
+    st = os.stat(tmp_path)
+    real = os.path.realpath(tmp_path)
+    fake.write_text(
+        "50 1 0:98 / /mnt/a rw - fuse.txfs txfs rw\n"
+        f"51 1 {os.major(st.st_dev)}:{os.minor(st.st_dev)} / {real} rw - fuse.txfs txfs rw\n"
+        "52 1 0:99 / /mnt/b rw - fuse txfs:/srv/b rw\n"
+    )
+    (tmp_path / "inner").mkdir()
+    monkeypatch.chdir(tmp_path / "inner")
+    assert txfs.find_mount() == real
+    monkeypatch.chdir("/proc")
+    with pytest.raises(OSError) as ei:
+        txfs.find_mount()
+    assert ei.value.errno == errno.ENOTUNIQ
+    assert all(p in str(ei.value) for p in ("/mnt/a", "/mnt/b", real)), ei.value
 
 
 def test_txfs_mount_variable(fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -519,3 +539,55 @@ def test_conflict_is_oserror_edeadlk() -> None:
     c = txfs.Conflict()
     assert isinstance(c, OSError) and c.errno == errno.EDEADLK
     assert txfs.Conflict(errno.EDEADLK, "x", "/m").filename == "/m"
+
+
+# ---- atomic_write off txfs: temp file, fsync, rename, fsync(dir) ---------
+
+
+def test_atomic_write_off_txfs_replaces_whole_and_durably(
+    fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "config"
+    target.write_text("old")
+    target.chmod(0o640)
+    synced: list = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.path.isdir(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with txfs.atomic_write(target) as f:
+        f.write("new ")
+        f.flush()
+        assert target.read_text() == "old", "nothing visible before the end"
+        f.write("content")
+    assert target.read_text() == "new content"
+    assert synced == [False, True], "the file, then its directory"
+    assert (target.stat().st_mode & 0o777) == 0o640, "a replaced file keeps its permissions"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "mountinfo"], "no temporary left"
+    with txfs.atomic_write(tmp_path / "bin", "wb") as fb:
+        fb.write(b"\0\1")
+    assert (tmp_path / "bin").read_bytes() == b"\0\1"
+
+
+def test_atomic_write_off_txfs_changes_nothing_on_an_exception(fake: Path, tmp_path: Path) -> None:
+    target = tmp_path / "config"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with txfs.atomic_write(target) as f:
+            f.write("half")
+            raise RuntimeError("boom")
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "mountinfo"], "no temporary left"
+    with pytest.raises(FileExistsError):
+        with txfs.atomic_write(target, "x") as f:
+            f.write("other")
+    assert target.read_text() == "old"
+    with txfs.atomic_write(tmp_path / "fresh", "x") as f:
+        f.write("first")
+    assert (tmp_path / "fresh").read_text() == "first"
+    with pytest.raises(ValueError):
+        with txfs.atomic_write(target, "a"):
+            pass  # pragma: no cover

@@ -32,11 +32,13 @@ import functools
 import itertools
 import os
 import random
+import stat
 import sys
+import tempfile
 import threading
 import time
 from types import TracebackType
-from typing import Any, Callable, Optional, Type, TypedDict, TypeVar, cast, overload
+from typing import IO, Any, Callable, Iterator, Optional, Type, TypedDict, TypeVar, cast, overload
 
 from . import _wire, mounts
 from ._wire import TXFS_COMMIT_ORDERED
@@ -53,6 +55,7 @@ __all__ = [
     "Transaction",
     "TxState",
     "abort",
+    "atomic_write",
     "begin",
     "commit",
     "find_mount",
@@ -349,7 +352,7 @@ def _cached_dev(path: str) -> Optional[int]:
 
 class _Last(threading.local):
     def __init__(self) -> None:
-        self.key: Optional[tuple[str, str]] = None
+        self.key: Optional[tuple[str, str, Optional[int]]] = None
         self.mount = ""
         self.dev = 0
 
@@ -361,7 +364,10 @@ def _resolve(mount: Optional[PathArg]) -> str:
     """:func:`find_mount`, answered from the thread's last resolution while
     the path is still on the same device."""
     path = os.fspath(mount) if mount is not None else os.environ.get("TXFS_MOUNT") or None
-    key = (os.fsdecode(path) if path is not None else "", str(mounts.MOUNTINFO))
+    # With no path, of several mounts the current directory's is taken: its
+    # device is part of the question.
+    cwd_dev = _cached_dev(".") if path is None else None
+    key = (os.fsdecode(path) if path is not None else "", str(mounts.MOUNTINFO), cwd_dev)
     if _last.key == key and _cached_dev(key[0] or _last.mount) == _last.dev:
         return _last.mount
     root = find_mount(mount)
@@ -703,3 +709,80 @@ def transactional(
     if func is not None:
         return decorate(func)
     return decorate
+
+
+def _on_txfs(directory: str) -> bool:
+    """Whether ``directory`` is inside a txfs mount."""
+    try:
+        find_mount(directory)
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def atomic_write(
+    path: PathArg,
+    mode: str = "w",
+    *,
+    durable: bool = True,
+    encoding: Optional[str] = None,
+    newline: Optional[str] = None,
+) -> Iterator[IO[Any]]:
+    """Replace the file ``path`` with what the ``with`` block writes, all at once.
+
+        with txfs.atomic_write("/mnt/data/config.json") as f:
+            json.dump(config, f)
+
+    On a normal exit the whole new content replaces the file atomically
+    (readers see the old file or the new one, never a part) and, with
+    ``durable=True``, durably; on an exception nothing changes. ``mode`` is
+    ``"w"``/``"wb"`` (create or replace) or ``"x"``/``"xb"`` (the file must
+    not exist: ``FileExistsError``). A new file gets mode 0666 less the
+    umask; a replaced file keeps its permissions.
+
+    On a txfs mount the block is one transaction of the calling thread that
+    writes the file in place (so whatever else the thread does on the mount
+    inside the block is part of it too; a lost conflict raises
+    :class:`Conflict`). Elsewhere it writes a temporary file in the same
+    directory, fsyncs it, renames it over ``path`` and fsyncs the directory.
+    """
+    if mode not in ("w", "wt", "wb", "x", "xt", "xb"):
+        raise ValueError(f"atomic_write: mode {mode!r}: only w, wb, x, xb")
+    target = os.path.abspath(os.fspath(path))
+    directory = os.path.dirname(target)
+    exclusive = mode.startswith("x")
+    if _on_txfs(directory):
+        with transaction(durable=durable, mount=directory):
+            with open(target, mode, encoding=encoding, newline=newline) as f:
+                yield f
+        return
+    try:
+        perms = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        perms = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
+    try:
+        os.fchmod(fd, perms)
+        with open(fd, mode.replace("x", "w"), encoding=encoding, newline=newline) as f:
+            yield f
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        if exclusive:
+            os.link(tmp, target)  # fails with FileExistsError, never replaces
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

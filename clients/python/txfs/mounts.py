@@ -2,7 +2,9 @@
 
 * No path: ``$TXFS_MOUNT`` if set and non-empty; else the only txfs file
   system in ``/proc/self/mountinfo`` (bind mounts of one file system count
-  once). None: ``ENODEV``; several: ``ENOTUNIQ``.
+  once); else, of several, the one holding the current directory (as ``txfs
+  run`` chooses). None: ``ENODEV``; several and the current directory in
+  none of them: ``ENOTUNIQ``, the message listing them.
 * A path (any path inside a mount): the txfs mount on the same device, the
   longest mount point that is a prefix of the path's real path if there are
   several. A path on no txfs mount: ``ENOTTY``. If the mountinfo file cannot
@@ -128,12 +130,34 @@ def find_mount(
     first = entries[0]
     devices = {(e.major, e.minor) for e in entries}
     if len(devices) > 1:
-        points = ", ".join(sorted({e.point for e in entries}))
+        by_cwd = _mount_of_cwd(entries)
+        if by_cwd is not None:
+            return by_cwd
+        points = ", ".join(dict.fromkeys(e.point for e in entries))
         raise _error(
             errno.ENOTUNIQ,
-            f"several txfs file systems are mounted ({points}): set TXFS_MOUNT or pass mount=",
+            f"several txfs mounts ({points}) and the current directory is in none of them:"
+            " set TXFS_MOUNT or pass mount=",
         )
     return first.point
+
+
+def _mount_of_cwd(entries: List[MountEntry]) -> Optional[str]:
+    """The deepest of ``entries`` holding the current directory, if any."""
+    try:
+        dev = os.stat(".").st_dev
+        cwd = os.path.realpath(".")
+    except OSError:
+        return None
+    best: Optional[str] = None
+    best_len = 0
+    for e in entries:
+        if os.makedev(e.major, e.minor) != dev:
+            continue
+        n = _prefix_len(e.point, cwd)
+        if n > best_len:
+            best, best_len = e.point, n
+    return best
 
 
 def _mount_of_path(path: str, mountinfo: Optional[PathArg]) -> str:

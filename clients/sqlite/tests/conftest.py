@@ -66,7 +66,10 @@ def txfs_mount() -> Iterator[Mount]:
         for cmd in ([binary, "umount", mnt], ["fusermount3", "-u", mnt], ["umount", mnt], ["umount", "-l", mnt]):
             if not _mounted(mnt):
                 break
-            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+            try:
+                subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                continue  # not installed (fusermount3 without fuse3), or hung: the next one
         if proc.poll() is None:
             proc.terminate()
             try:

@@ -45,5 +45,6 @@ pub use log::journal;
 pub use recovery::{check, CheckReport, JournalReport};
 pub use storage::{FileKind, Timestamp};
 pub use txn::{
-    Attr, DirEntry, Durability, Engine, Options, RenameFlags, SetAttr, Stats, IDLE_CHECKPOINT_MAX_NAMES, NAME_MAX,
+    Attr, DirEntry, Durability, Engine, Options, RenameFlags, SetAttr, Stats, TxInfo, IDLE_CHECKPOINT_MAX_NAMES,
+    NAME_MAX,
 };

@@ -28,6 +28,7 @@
 //! BATCH            10  W    Flags                    -     (the handle's WRITEs are batches)
 //! BEGIN_FILE       11  WR   BeginFile (last_tx)      BeginFile
 //! CACHE            12  R    -                        Cache (`txfs status` only; not in txfs.h)
+//! TXS              13  R    -                        Txs   (`txfs status` only; not in txfs.h)
 //! ```
 
 use std::mem::{offset_of, size_of};
@@ -85,6 +86,19 @@ impl Field for [u8; 16] {
     }
     fn get(b: &[u8]) -> Self {
         b[..16].try_into().expect("16 bytes")
+    }
+}
+
+impl<T: Field + Copy + Default, const N: usize> Field for [T; N] {
+    fn put(&self, out: &mut [u8]) {
+        let size = size_of::<T>();
+        for (i, v) in self.iter().enumerate() {
+            v.put(&mut out[i * size..]);
+        }
+    }
+    fn get(b: &[u8]) -> Self {
+        let size = size_of::<T>();
+        std::array::from_fn(|i| T::get(&b[i * size..]))
     }
 }
 
@@ -257,6 +271,49 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// One live transaction in a [`Txs`] answer.
+    TxInfo = "txfs_ioc_txinfo" {
+        tx: u64,
+        /// Milliseconds since it began.
+        age_ms: u64,
+        /// Bytes it has written (memory, spill and data files).
+        bytes: u64,
+        /// Entries in its read set (page ranges, names, listings, attributes).
+        reads: u64,
+        /// The process that began it ([`TX_THREAD`]), or the `txfs run`
+        /// that registered it ([`TX_RUN`]); 0: not known.
+        pid: u32,
+        /// The uid it began with.
+        uid: u32,
+        /// [`TX_THREAD`], [`TX_RUN`] or 0 (not known); [`TX_DOOMED`] added
+        /// when it already lost a conflict.
+        kind: u32,
+        reserved: u32,
+    }
+}
+
+/// How many transactions one TXS answer lists (the oldest first).
+pub const TXS_MAX: usize = 32;
+
+wire_struct! {
+    /// TXS: the live transactions, for `txfs status`.
+    Txs = "txfs_ioc_txs" {
+        /// Entries of `txs` that are set.
+        count: u32,
+        /// Live transactions in all (more than `count` when past [`TXS_MAX`]).
+        total: u32,
+        txs: [TxInfo; TXS_MAX],
+    }
+}
+
+/// [`TxInfo::kind`]: begun by a thread (TXFS_IOC_BEGIN, libtxfs, Python).
+pub const TX_THREAD: u32 = 1;
+/// [`TxInfo::kind`]: a `txfs run` process tree.
+pub const TX_RUN: u32 = 2;
+/// [`TxInfo::kind`] flag: it lost a conflict; its commit will fail.
+pub const TX_DOOMED: u32 = 0x100;
+
 pub const BEGIN: u32 = iow(1, Flags::SIZE);
 pub const COMMIT: u32 = iow(2, Flags::SIZE);
 pub const ABORT: u32 = iow(3, Flags::SIZE);
@@ -279,6 +336,8 @@ pub const BATCH: u32 = iow(10, Flags::SIZE);
 pub const BEGIN_FILE: u32 = iowr(11, BeginFile::SIZE);
 /// The kernel cache gate's counters (`txfs status`).
 pub const CACHE: u32 = ior(12, Cache::SIZE);
+/// The live transactions (`txfs status`).
+pub const TXS: u32 = ior(13, Txs::SIZE);
 
 /// Every ioctl: its name in txfs.h (without `TXFS_IOC_`), its number, and
 /// the C name of its argument.
@@ -296,6 +355,7 @@ pub const IOCTLS: &[(&str, u32, &str)] = &[
     ("BATCH", BATCH, Flags::C_NAME),
     ("BEGIN_FILE", BEGIN_FILE, BeginFile::C_NAME),
     ("CACHE", CACHE, Cache::C_NAME),
+    ("TXS", TXS, Txs::C_NAME),
 ];
 
 /// Every argument struct: C name, size, fields.
@@ -309,11 +369,13 @@ pub const STRUCTS: &[(&str, usize, &[FieldLayout])] = &[
     (BeginFile::C_NAME, BeginFile::SIZE, BeginFile::FIELDS),
     (CommitIf::C_NAME, CommitIf::SIZE, CommitIf::FIELDS),
     (Cache::C_NAME, Cache::SIZE, Cache::FIELDS),
+    (TxInfo::C_NAME, TxInfo::SIZE, TxInfo::FIELDS),
+    (Txs::C_NAME, Txs::SIZE, Txs::FIELDS),
 ];
 
 /// Used by the daemon and `txfs status` only: not in the clients' copies.
 #[cfg(test)]
-pub const INTERNAL: &[&str] = &["CACHE", "txfs_ioc_cache"];
+pub const INTERNAL: &[&str] = &["CACHE", "txfs_ioc_cache", "TXS", "txfs_ioc_txs", "txfs_ioc_txinfo"];
 
 /// COMMIT, COMMIT_IF and RUN_COMMIT flag: return once the commit's order is
 /// fixed; durable later (SYNC).
@@ -372,6 +434,7 @@ mod tests {
         assert_eq!(BATCH, 0x4008_e70a);
         assert_eq!(BEGIN_FILE, 0xc040_e70b);
         assert_eq!(CACHE, 0x8020_e70c);
+        assert_eq!(TXS, 0x8608_e70d);
     }
 
     /// Each number carries its struct's size, and no struct has padding

@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use std::os::unix::fs::FileExt;
 use std::process::Command;
+use std::time::Duration;
 
 fn counter(m: &Mount, name: &str) -> u64 {
     let s = m.status();
@@ -58,9 +59,54 @@ fn status_counters_move() {
     }
 }
 
+/// Story: an operator sees the daemon grow and asks which transactions
+/// are live: `txfs status` lists each with its owner (pid, uid, a thread's
+/// begin or a `txfs run`), age, bytes written and read-set size.
+#[test]
+fn status_lists_live_transactions() {
+    let m = Mount::new();
+    std::fs::write(m.path("read-me"), b"r").unwrap();
+    assert_eq!(m.status()["transactions"], serde_json::json!([]), "none yet");
+    let run = m.run_cmd(&[], &["sh", "-c", "echo x > by-run; sleep 30"]).spawn().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || m.live_txs() == 1), "the run's transaction is live");
+    m.begin().unwrap();
+    std::fs::write(m.path("big"), vec![1u8; 100_000]).unwrap();
+    let _ = std::fs::read(m.path("read-me")).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let s = m.status();
+    let txs = s["transactions"].as_array().unwrap_or_else(|| panic!("no transactions in {s}"));
+    assert_eq!(txs.len(), 2, "{s}");
+    let (runs, threads): (Vec<_>, Vec<_>) = txs.iter().partition(|t| t["kind"] == "run");
+    let (r, t) = (runs[0], threads[0]);
+    assert_eq!(t["kind"], "thread", "{s}");
+    assert_eq!(t["pid"].as_u64(), Some(std::process::id() as u64), "the process that began: {s}");
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(t["uid"].as_u64(), Some(unsafe { libc::geteuid() } as u64), "{s}");
+    assert!(t["bytes"].as_u64().unwrap() >= 100_000, "bytes written: {s}");
+    assert!(t["reads"].as_u64().unwrap() >= 1, "read set: {s}");
+    assert!(t["age_s"].as_f64().unwrap() >= 0.3, "age: {s}");
+    assert_eq!(r["pid"].as_u64(), Some(run.id() as u64), "the txfs run that owns the tree: {s}");
+    assert!(r["age_s"].as_f64().unwrap() >= t["age_s"].as_f64().unwrap(), "the older first: {s}");
+    let text = String::from_utf8(m.txfs().arg("status").arg(m.mnt()).output().unwrap().stdout).unwrap();
+    let row = text.lines().find(|l| l.contains(&format!("tx#{}", t["tx"]))).unwrap_or_else(|| panic!("{text}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cols[1..4],
+        [std::process::id().to_string().as_str(), t["uid"].to_string().as_str(), "thread"],
+        "{text}"
+    );
+    assert!(text.contains("PID") && text.contains("READS") && text.contains(" run "), "{text}");
+    m.abort().unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    let mut run = run;
+    let _ = run.wait();
+    assert!(wait_until(Duration::from_secs(10), || m.status()["transactions"] == serde_json::json!([])), "all gone");
+}
+
 #[test]
 fn every_subcommand_has_a_man_style_help() {
-    for sub in ["mount", "umount", "status", "run", "recover", "check"] {
+    for sub in ["mount", "umount", "status", "run", "recover", "check", "completions"] {
         let out = Command::new(TXFS).args([sub, "--help"]).output().unwrap();
         assert!(out.status.success(), "txfs {sub} --help");
         let text = String::from_utf8_lossy(&out.stdout);
@@ -127,13 +173,14 @@ fn status_json_watch_prints_one_object_a_line() {
 
 /// Story: a counter name as long as `lookup_getattr_requests` ran into its
 /// value (`lookup_getattr_requests130425`). Every line of the text form is
-/// a name, space, a number.
+/// a name, space, a number (up to the table of live transactions).
 #[test]
 fn status_text_columns_never_run_into_values() {
     let m = Mount::new();
     let out = Command::new(TXFS).arg("status").arg(m.mnt()).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    for line in text.lines().skip(1) {
+    assert!(text.contains("no live transactions"), "{text}");
+    for line in text.lines().skip(1).take_while(|l| !l.contains("live transactions")) {
         let f: Vec<&str> = line.split_whitespace().collect();
         assert!(f.len() >= 2 && f[1].parse::<u64>().is_ok(), "a name run into its value: {line:?}\n{text}");
         assert!(f[0].chars().all(|c| c.is_ascii_lowercase() || c == '_'), "not a bare name: {line:?}");

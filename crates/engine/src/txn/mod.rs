@@ -57,6 +57,7 @@
 //! * `write.rs`: file data: in memory, spilled, staged, shadowed.
 //! * `commit.rs`: commit and abort; the record a commit journals.
 //! * `isolation.rs`: commit stamps and read sets (I2, I3).
+//! * `info.rs`: a read-only snapshot of live transactions (`txfs status`).
 //!
 //! ## Layers
 //! `storage`, `delta` and `log` know nothing of transactions. `state.rs`,
@@ -79,6 +80,7 @@ use crate::log::journal::SyncState;
 use crate::storage::{FileKind, Storage, Timestamp};
 pub use api::{Attr, DirEntry, Durability, Options, RenameFlags, SetAttr, Stats, IDLE_CHECKPOINT_MAX_NAMES, NAME_MAX};
 use commit::commit_locked;
+pub use info::TxInfo;
 use namespace::{check_name, reserved};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use state::{State, Tx, ORPHANS_OBJ};
@@ -93,6 +95,7 @@ use std::time::Duration;
 pub(crate) mod api;
 mod budget;
 mod commit;
+mod info;
 pub(crate) mod isolation;
 mod namespace;
 mod read;

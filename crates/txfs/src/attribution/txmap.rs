@@ -246,6 +246,19 @@ struct Inner {
     orphans: Vec<TxId>,
     /// The credentials each live transaction was begun with (thread or tree).
     owners: HashMap<TxId, Creds>,
+    /// Who began each live transaction and when (`txfs status`).
+    origins: HashMap<TxId, Origin>,
+}
+
+/// Who began a live transaction, and when: for `txfs status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// The thread that began it, or the `txfs run` that registered the tree.
+    pub pid: u32,
+    /// True for a `txfs run` tree.
+    pub run: bool,
+    pub uid: u32,
+    pub since: std::time::Instant,
 }
 
 /// Past this many threads remembered in `last`, it starts over (a thread
@@ -300,7 +313,14 @@ impl TxMap {
 
     /// Forgets ended transaction `tx`'s credentials.
     pub fn forget(&self, tx: TxId) {
-        self.inner.lock().owners.remove(&tx);
+        let mut g = self.inner.lock();
+        g.owners.remove(&tx);
+        g.origins.remove(&tx);
+    }
+
+    /// Who began `tx` and when, if it was begun through this map.
+    pub fn origin(&self, tx: TxId) -> Option<Origin> {
+        self.inner.lock().origins.get(&tx).copied()
     }
 
     /// Tree membership of `tid` (cached, or worked out from /proc).
@@ -487,6 +507,8 @@ impl TxMap {
             };
             if owned {
                 g.owners.insert(tx, c.creds());
+                let origin = Origin { pid: tid, run: false, uid: c.uid, since: std::time::Instant::now() };
+                g.origins.insert(tx, origin);
             }
             g.threads.insert(tid, ThreadTx { tx, depth: 1, owned, start, pidfd, creds: c.creds() });
             return Ok(tx);
@@ -538,6 +560,7 @@ impl TxMap {
         let t = TreeTx { tx, root_start: starts.0, owner, owner_start: starts.1, root_pidfd, owner_pidfd };
         g.trees.insert(root, t);
         g.owners.insert(tx, creds);
+        g.origins.insert(tx, Origin { pid: owner, run: true, uid: creds.0, since: std::time::Instant::now() });
         let old = std::mem::take(&mut g.cache);
         g.trees_gen += 1;
         drop(g);

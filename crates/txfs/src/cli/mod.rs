@@ -15,7 +15,7 @@ mod run;
 mod status;
 mod umount;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
@@ -137,6 +137,10 @@ enum Cmd {
     /// current journal file), checkpoint_lag (committed bytes in the journal
     /// not yet applied to BACKING; a checkpoint starts past
     /// checkpoint_threshold), last_seq (sequence number of the last commit).
+    /// Then the live transactions, oldest first: the process that began
+    /// each (a thread's begin) or the `txfs run` that owns it, its uid, age,
+    /// bytes written so far and read-set entries (what its commit validates);
+    /// in JSON, "transactions".
     #[command(after_help = concat!(
         "Examples:\n",
         "  txfs status /mnt/data\n",
@@ -235,6 +239,23 @@ enum Cmd {
         #[arg(long)]
         progress: bool,
     },
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish,
+    /// powershell) on stdout.
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  txfs completions bash > /usr/share/bash-completion/completions/txfs\n",
+        "  txfs completions zsh > /usr/share/zsh/vendor-completions/_txfs\n",
+        "  txfs completions fish > /usr/share/fish/vendor_completions.d/txfs.fish\n\n",
+        "Exit status: 0; 1 if stdout cannot be written.",
+    ))]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// For packagers: the man page txfs(1) in roff on stdout; with DIR,
+    /// txfs.1 and one txfs-SUBCOMMAND.1 per subcommand written there.
+    #[command(hide = true, name = "__man")]
+    Man { dir: Option<PathBuf> },
     /// The daemon's helper (not for users): looks up the NUL-separated
     /// paths below MOUNTPOINT read from stdin, as a process in no
     /// transaction, until stdin ends. See `healer` in fuse/mod.rs.
@@ -250,7 +271,8 @@ pub fn main() -> ExitCode {
     // And mount.fuse3 (`mount -t fuse.txfs` without the mount.fuse.txfs
     // link, or `txfs#BACKING` in fstab) runs `txfs BACKING MNT -o opts`.
     let first = std::env::args_os().nth(1);
-    let subcommands = ["mount", "umount", "status", "run", "recover", "check", "help", "__heal"];
+    let subcommands =
+        ["mount", "umount", "status", "run", "recover", "check", "completions", "help", "__man", "__heal"];
     let helper_form =
         first.as_ref().is_some_and(|a| !a.as_bytes().starts_with(b"-") && !subcommands.iter().any(|s| a == *s))
             && std::env::args_os().len() >= 3;
@@ -274,6 +296,12 @@ pub fn main() -> ExitCode {
             Ok(false) => return ExitCode::from(1),
             Err(e) => Err(e),
         },
+        Cmd::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut visible_command(), "txfs", &mut out);
+            write_stdout(&out)
+        }
+        Cmd::Man { dir } => man(dir.as_deref()),
         Cmd::Heal { mountpoint } => {
             use std::io::BufRead;
             for path in std::io::stdin().lock().split(0).map_while(Result::ok) {
@@ -288,6 +316,42 @@ pub fn main() -> ExitCode {
         Err(e) => {
             eprintln!("txfs: {e}");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// `bytes` on stdout; a reader that went (`| head`) is no error.
+fn write_stdout(bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
+    }
+}
+
+/// The argument grammar without its hidden subcommands (`__heal`,
+/// `__man`), which neither completions nor man pages offer.
+fn visible_command() -> clap::Command {
+    let full = Cli::command();
+    let visible: Vec<clap::Command> = full.get_subcommands().filter(|c| !c.is_hide_set()).cloned().collect();
+    let mut cmd =
+        clap::Command::new("txfs").version(env!("CARGO_PKG_VERSION")).subcommand_required(true).subcommands(visible);
+    if let Some(a) = full.get_about() {
+        cmd = cmd.about(a.clone());
+    }
+    cmd
+}
+
+/// `txfs __man [DIR]`: the man pages, generated from the argument grammar.
+fn man(dir: Option<&Path>) -> Result<(), String> {
+    let cmd = visible_command();
+    match dir {
+        Some(d) => clap_mangen::generate_to(cmd, d).map_err(|e| format!("{}: {e}", d.display())),
+        None => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(cmd).render(&mut out).map_err(|e| e.to_string())?;
+            write_stdout(&out)
         }
     }
 }

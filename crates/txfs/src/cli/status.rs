@@ -50,6 +50,64 @@ pub(super) fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'st
     Ok(out)
 }
 
+/// The live transactions (TXFS_IOC_TXS), oldest first, and how many there
+/// are in all; `None` from a daemon older than TXS.
+fn read_txs(dir: &std::fs::File) -> Option<(Vec<wire::TxInfo>, u32)> {
+    let t = wire::Txs::decode(&ask::<{ wire::Txs::SIZE }>(dir, wire::TXS).ok()?);
+    Some((t.txs[..(t.count as usize).min(wire::TXS_MAX)].to_vec(), t.total))
+}
+
+fn kind_name(kind: u32) -> &'static str {
+    match kind & !wire::TX_DOOMED {
+        wire::TX_THREAD => "thread",
+        wire::TX_RUN => "run",
+        _ => "?",
+    }
+}
+
+/// The transactions as JSON objects.
+fn txs_json(txs: &[wire::TxInfo]) -> serde_json::Value {
+    use serde_json::json;
+    txs.iter()
+        .map(|t| {
+            json!({
+                "tx": t.tx, "pid": t.pid, "uid": t.uid, "kind": kind_name(t.kind),
+                "age_s": t.age_ms as f64 / 1000.0, "bytes": t.bytes, "reads": t.reads,
+                "doomed": t.kind & wire::TX_DOOMED != 0,
+            })
+        })
+        .collect()
+}
+
+/// The transactions as a table, two spaces in.
+fn txs_text(txs: &[wire::TxInfo], total: u32) -> String {
+    if txs.is_empty() {
+        return "  no live transactions\n".into();
+    }
+    let mut s = format!(
+        "  live transactions{}:\n",
+        if total as usize > txs.len() { format!(" (oldest {} of {total})", txs.len()) } else { String::new() }
+    );
+    s += &format!(
+        "    {:<8} {:>8} {:>6} {:<6} {:>9} {:>10} {:>8}\n",
+        "TX", "PID", "UID", "KIND", "AGE", "BYTES", "READS"
+    );
+    for t in txs {
+        let doomed = if t.kind & wire::TX_DOOMED != 0 { "  (lost a conflict)" } else { "" };
+        s += &format!(
+            "    {:<8} {:>8} {:>6} {:<6} {:>8.1}s {:>10} {:>8}{doomed}\n",
+            format!("tx#{}", t.tx),
+            t.pid,
+            t.uid,
+            kind_name(t.kind),
+            t.age_ms as f64 / 1000.0,
+            human(t.bytes),
+            t.reads
+        );
+    }
+    s
+}
+
 pub fn status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), String> {
     match print_status(point, json, watch) {
         // A reader that has seen enough (`txfs status M | head -1`).
@@ -84,9 +142,12 @@ fn now() -> (f64, String) {
     (t.as_secs_f64(), format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60))
 }
 
-fn json_line(vals: &[(&'static str, u64)], time: Option<f64>) -> String {
+fn json_line(vals: &[(&'static str, u64)], txs: Option<&[wire::TxInfo]>, time: Option<f64>) -> String {
     let mut obj: serde_json::Map<String, serde_json::Value> =
         vals.iter().map(|(n, v)| (n.to_string(), serde_json::Value::from(*v))).collect();
+    if let Some(txs) = txs {
+        obj.insert("transactions".into(), txs_json(txs));
+    }
     if let Some(t) = time {
         obj.insert("time".into(), serde_json::Value::from((t * 1000.0).round() / 1000.0));
     }
@@ -100,7 +161,8 @@ fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Fail
     let vals = read_status(&dir, point)?;
     if json {
         // With --watch, one object a line (NDJSON), each with its time.
-        writeln!(out, "{}", json_line(&vals, watch.map(|_| now().0)))?;
+        let txs = read_txs(&dir);
+        writeln!(out, "{}", json_line(&vals, txs.as_ref().map(|t| &t.0[..]), watch.map(|_| now().0)))?;
     } else if watch.is_none() {
         writeln!(out, "{}", point.display())?;
         let width = vals.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + 2;
@@ -111,6 +173,9 @@ fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Fail
                 String::new()
             };
             writeln!(out, "  {n:<width$}{v}{unit}")?;
+        }
+        if let Some((txs, total)) = read_txs(&dir) {
+            write!(out, "{}", txs_text(&txs, total))?;
         }
     }
     out.flush()?;
@@ -130,7 +195,8 @@ fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Fail
         let now_vals = read_status(&dir, point)?;
         let (t, clock) = now();
         if json {
-            writeln!(out, "{}", json_line(&now_vals, Some(t)))?;
+            let txs = read_txs(&dir);
+            writeln!(out, "{}", json_line(&now_vals, txs.as_ref().map(|t| &t.0[..]), Some(t)))?;
         } else {
             let rate = |i: usize| (now_vals[i].1.saturating_sub(prev[i].1)) as f64 / every.as_secs_f64();
             writeln!(

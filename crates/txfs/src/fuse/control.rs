@@ -47,6 +47,30 @@ impl TxFs {
         (!nodes.is_empty()).then_some(nodes)
     }
 
+    /// TXS's answer: the live transactions, oldest first, with who began
+    /// them (the process of the thread that began, or the `txfs run`).
+    fn live_txs(&self) -> wire::Txs {
+        let infos = self.engine.live_tx_info();
+        let mut out = wire::Txs { count: 0, total: infos.len() as u32, ..Default::default() };
+        for (slot, i) in out.txs.iter_mut().zip(&infos) {
+            let origin = self.txs.origin(i.id);
+            let pid = origin.map_or(0, |o| if o.run { o.pid } else { procfs::process_of(o.pid).unwrap_or(o.pid) });
+            let kind = origin.map_or(0, |o| if o.run { wire::TX_RUN } else { wire::TX_THREAD });
+            *slot = wire::TxInfo {
+                tx: i.id.0,
+                age_ms: origin.map_or(0, |o| o.since.elapsed().as_millis() as u64),
+                bytes: i.bytes,
+                reads: i.reads,
+                pid,
+                uid: origin.map_or(0, |o| o.uid),
+                kind: kind | if i.doomed { wire::TX_DOOMED } else { 0 },
+                reserved: 0,
+            };
+            out.count += 1;
+        }
+        out
+    }
+
     /// STATE's answer for the caller.
     fn state(&self, c: Caller) -> wire::State {
         let (tx, depth) = self.state_of(c);
@@ -358,6 +382,7 @@ impl TxFs {
                 let attr_requests = self.attr_requests.load(Ordering::Relaxed);
                 Ok((wire::Cache { open, cached_replies, closes, attr_requests }.encode(), Vec::new()))
             }
+            wire::TXS => Ok((self.live_txs().encode(), Vec::new())),
             wire::STATE => Ok((self.state(me).encode(), Vec::new())),
             _ => Err(Errno::from_i32(libc::ENOTTY)),
         }

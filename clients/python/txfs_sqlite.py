@@ -1,0 +1,1 @@
+../sqlite/txfs_sqlite.py

@@ -1,0 +1,44 @@
+//! What `txfs status` shows of live transactions: a read-only snapshot,
+//! taken under the lock, of each one's size and read set. Nothing here
+//! changes a transaction.
+
+use super::Engine;
+use crate::ids::TxId;
+
+/// One live transaction, as [`Engine::live_tx_info`] saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxInfo {
+    pub id: TxId,
+    /// Bytes it has written so far: held in memory, spilled, and in its
+    /// staged and shadow data files.
+    pub bytes: u64,
+    /// Entries of its read set: page ranges, names, directory listings and
+    /// attributes it read (what its commit validates).
+    pub reads: u64,
+    /// Whether it already lost a conflict (its commit will fail).
+    pub doomed: bool,
+}
+
+impl Engine {
+    /// Every live transaction's [`TxInfo`], oldest (lowest id) first.
+    pub fn live_tx_info(&self) -> Vec<TxInfo> {
+        let st = self.lock();
+        let mut out: Vec<TxInfo> = st
+            .txs
+            .values()
+            .map(|t| {
+                let files: u64 = t.data_file_ids().filter_map(|id| st.data_files.get(&id)).map(|f| f.len).sum();
+                let r = &t.reads;
+                let pages: usize = r.pages.values().map(Vec::len).sum();
+                TxInfo {
+                    id: t.id,
+                    bytes: t.mem_bytes + files,
+                    reads: (pages + r.names.len() + r.lists.len() + r.metas.len()) as u64,
+                    doomed: t.doomed.is_some(),
+                }
+            })
+            .collect();
+        out.sort_by_key(|i| i.id.0);
+        out
+    }
+}
