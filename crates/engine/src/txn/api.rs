@@ -39,6 +39,12 @@ pub struct Options {
     /// waits for that (tens of thousands of names held readers up for
     /// seconds). `None`: only by size.
     pub idle_checkpoint: Option<Duration>,
+    /// Recovery goes on past a journal that lost commits the durable
+    /// high-water mark (`.txfs/mark`) says were durable — truncated,
+    /// shortened, replaced or deleted — or past a damaged mark, keeping
+    /// what survives and logging what was lost (`txfs recover
+    /// --accept-loss`). Without it such a journal is refused.
+    pub accept_loss: bool,
 }
 
 /// The most name changes an idle checkpoint moves (see
@@ -53,6 +59,7 @@ impl Default for Options {
             checkpoint_bytes: 256 << 20,
             flush_interval: Some(Duration::from_millis(500)),
             idle_checkpoint: Some(Duration::from_secs(5)),
+            accept_loss: false,
         }
     }
 }

@@ -177,6 +177,13 @@ pub(crate) struct State {
     /// their shadows, `(id, length)`. A new shadow takes one and overwrites
     /// blocks that are already allocated (DESIGN §2a).
     pub(super) spares: Vec<(DataFileId, u64)>,
+    /// The durable high-water mark's writer (`log/mark.rs`).
+    pub(crate) mark: Arc<crate::log::mark::Mark>,
+    /// Recovery went past a refusal (`Options::accept_loss`): the mark is
+    /// rewritten whole at the end of the open.
+    pub(crate) loss_accepted: bool,
+    /// What recovery accepted to lose, said for the log (`txfs recover`).
+    pub(crate) losses: Vec<String>,
 }
 
 impl State {
@@ -351,6 +358,9 @@ impl State {
             poisoned: Arc::default(),
             released_orphans: Vec::new(),
             spares: Vec::new(),
+            mark: Arc::new(crate::log::mark::Mark::new(&crate::log::mark::OnDisk::Absent)),
+            loss_accepted: false,
+            losses: Vec::new(),
             stats: Default::default(),
             spill_threshold: opts.spill_threshold,
             stage_threshold: opts.stage_threshold,
