@@ -271,10 +271,12 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     let mut st = State::new(storage.clone(), journal, scan.prev_seq, opts);
     let mut news: HashMap<u64, ObjId> = HashMap::new();
     for r in &scan.records {
-        let d = decode(&mut st, &mut news, &r.record, epoch, r.data_start).map_err(|e| Error::Corrupt {
-            path: jp.clone(),
-            offset: r.start,
-            detail: format!("seq {}: {e}", r.seq.0),
+        let d = decode(&mut st, &mut news, &r.record, epoch, r.data_start).map_err(|e| match e {
+            // A damaged data file: named as itself.
+            Error::Corrupt { path, offset, detail } => {
+                Error::Corrupt { path, offset, detail: format!("{detail} (named by seq {})", r.seq.0) }
+            }
+            e => Error::Corrupt { path: jp.clone(), offset: r.start, detail: format!("seq {}: {e}", r.seq.0) },
         })?;
         st.replay(&d, r.seq);
     }
@@ -438,12 +440,12 @@ fn decode(
             od.file = Some(fd);
         }
     }
-    for fr in &rec.files {
+    for (i, fr) in rec.files.iter().enumerate() {
         let ro = rec.objs.get(fr.obj as usize).filter(|ro| ro.file.is_some());
         let ro =
             ro.ok_or_else(|| Error::Poisoned(format!("data file reference to object #{} without content", fr.obj)))?;
         let o = resolve(st, news, &ro.obj)?;
-        open_data_file(st, fr)?;
+        open_data_file(st, fr, rec.crcs.get(i).copied())?;
         let fd = d.obj(o).file.as_mut().expect("checked above");
         fd.ext.insert(fr.off, fr.len, DataLoc::File(DataFileId(fr.file), fr.file_off));
     }
@@ -451,8 +453,8 @@ fn decode(
 }
 
 /// Opens the data file a record names (synced before the record was
-/// written: missing or short is damage).
-fn open_data_file(st: &mut State, fr: &FileRef) -> Result<()> {
+/// written: missing, short or with other bytes than its checksum is damage).
+fn open_data_file(st: &mut State, fr: &FileRef, crc: Option<u32>) -> Result<()> {
     let id = DataFileId(fr.file);
     let path = data_path(id);
     let len = match st.data_file(id) {
@@ -470,7 +472,27 @@ fn open_data_file(st: &mut State, fr: &FileRef) -> Result<()> {
             fr.file_off + fr.len
         )));
     }
+    if let Some(want) = crc {
+        let got = files::range_crc(&**st.storage(), id, fr.file_off, fr.len)
+            .ctx("recovery", || path.display().to_string())?;
+        if got != want {
+            return Err(Error::Corrupt {
+                path: path.clone(),
+                offset: fr.file_off,
+                detail: data_crc_mismatch(&path, fr, got, want),
+            });
+        }
+    }
     Ok(())
+}
+
+fn data_crc_mismatch(path: &Path, fr: &FileRef, got: u32, want: u32) -> String {
+    format!(
+        "{} bytes {}..{} have crc32c {got:08x}, the record committed {want:08x}: the data file is damaged",
+        path.display(),
+        fr.file_off,
+        fr.file_off + fr.len
+    )
 }
 
 /// One journal file as `txfs check` found it.
@@ -603,7 +625,7 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
                         let refs = r.record.dirs.iter().flat_map(|d| {
                             std::iter::once(&d.dir).chain(d.entries.iter().filter_map(|(_, e)| e.as_ref()))
                         });
-                        for fr in &r.record.files {
+                        for (i, fr) in r.record.files.iter().enumerate() {
                             let dp = data_path(DataFileId(fr.file));
                             let len = s.lstat(&dp).map(|m| m.size).unwrap_or(0);
                             if len < fr.file_off + fr.len {
@@ -614,6 +636,17 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
                                     fr.file_off + fr.len,
                                     dp.display()
                                 ));
+                            } else if let Some(&want) = r.record.crcs.get(i) {
+                                match files::range_crc(s, DataFileId(fr.file), fr.file_off, fr.len) {
+                                    Ok(got) if got == want => {}
+                                    Ok(got) => rep.problems.push(format!(
+                                        "{} seq {}: {}",
+                                        jp.display(),
+                                        r.seq.0,
+                                        data_crc_mismatch(&dp, fr, got, want)
+                                    )),
+                                    Err(e) => rep.problems.push(format!("{}: {e}", dp.display())),
+                                }
                             }
                         }
                         for o in refs.chain(r.record.objs.iter().map(|o| &o.obj)) {
