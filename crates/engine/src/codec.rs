@@ -98,6 +98,11 @@ impl<'a> Reader<'a> {
         usize::try_from(u64::get(self)?).map_err(|_| DecodeError::Truncated)
     }
 
+    /// Whether every byte was read.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.rest.is_empty()
+    }
+
     pub(crate) fn variant(&mut self, variants: u32) -> Result<u32> {
         let index = u32::get(self)?;
         if index >= variants {

@@ -77,6 +77,7 @@ fn record(files: Vec<FileRef>) -> CommitRecord {
             RecObj { obj: ObjRef::New(2), attr: RecAttr { nlink: 2, ..RecAttr::default() }, file: None },
         ],
         files,
+        crcs: vec![],
     }
 }
 
@@ -192,6 +193,7 @@ fn special_record() -> CommitRecord {
             },
         ],
         files: vec![],
+        crcs: vec![],
     }
 }
 
@@ -259,6 +261,32 @@ fn record_with_data_files_is_version_2_and_its_golden_bytes() {
     let v1 = CommitRecord::decode(RECORD_V2, REC_VERSION).expect("decodes");
     assert!(v1.files.is_empty());
     assert_eq!(encoded(&v1).0, RECORD_V1);
+}
+
+/// Data-file checksums (journal.md, "Data files"): one crc32c per file ref,
+/// a `Vec<u32>` after the file refs, written by hand from that page. The
+/// record stays version 2: a reader that knows no checksums (an older
+/// binary) decodes `RECORD_V2` from these bytes and ignores the rest.
+#[test]
+fn record_with_data_file_checksums_is_version_2_followed_by_the_crcs() {
+    let mut rec = record(file_refs());
+    rec.crcs = vec![0x0403_0201, 0xffff_fffe];
+    let (meta, version) = encoded(&rec);
+    assert_eq!(version, REC_VERSION_FILES);
+    let mut want = RECORD_V2.to_vec();
+    want.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 0xfe, 0xff, 0xff, 0xff]);
+    assert!(meta == want, "record with crcs:\n{meta:02x?}");
+    let back = CommitRecord::decode(&want, REC_VERSION_FILES).expect("decodes");
+    assert_eq!(back.crcs, rec.crcs);
+    assert_eq!(back.files, file_refs());
+    // Fewer checksums than file refs: refused, not half-read.
+    let mut short = RECORD_V2.to_vec();
+    short.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4]);
+    assert!(CommitRecord::decode(&short, REC_VERSION_FILES).is_err());
+    // What an older reader keeps: the record without them.
+    let mut old = CommitRecord::decode(&want, REC_VERSION_FILES).expect("decodes");
+    old.crcs.clear();
+    assert_eq!(encoded(&old), (RECORD_V2.to_vec(), REC_VERSION_FILES));
 }
 
 /// Fifos, sockets and devices need no new record version: their kinds
@@ -334,14 +362,19 @@ fn truncation_is_refused() {
     }
 }
 
-/// Bytes after a whole record or plan are ignored (as bincode 1's
-/// `deserialize` and `deserialize_from` do).
+/// Bytes after a whole version-1 record or plan are ignored (as bincode
+/// 1's `deserialize` and `deserialize_from` do). After a version-2 record's
+/// file refs they are its data-file checksums (no encoder ever wrote other
+/// bytes there), so junk there is refused.
 #[test]
 fn trailing_bytes_are_ignored() {
+    let mut meta = RECORD_V1.to_vec();
+    meta.extend_from_slice(&[0xff; 9]);
+    let back = CommitRecord::decode(&meta, REC_VERSION).expect("decodes");
+    assert_eq!(encoded(&back).0, RECORD_V1);
     let mut meta = RECORD_V2.to_vec();
     meta.extend_from_slice(&[0xff; 9]);
-    let back = CommitRecord::decode(&meta, REC_VERSION_FILES).expect("decodes");
-    assert_eq!(encoded(&back).0, RECORD_V2);
+    assert!(CommitRecord::decode(&meta, REC_VERSION_FILES).is_err());
     let mut body = PLAN.to_vec();
     body.extend_from_slice(&[0xff; 9]);
     assert_eq!(encode_plan(&decode_plan(&body).expect("decodes")), PLAN);

@@ -31,6 +31,11 @@ pub enum Error {
     /// commit: recovery refuses to guess.
     #[error("journal damaged at {path}, offset {offset}: {detail}")]
     Corrupt { path: PathBuf, offset: u64, detail: String },
+    /// Commits that the durable high-water mark says were durable are not
+    /// in the journal (truncated, shortened, replaced or deleted):
+    /// recovery refuses rather than start without them.
+    #[error("{0}. To proceed: {how}", how = crate::log::mark::HOW)]
+    Lost(String),
     /// The engine hit an I/O error writing its journal and refuses further
     /// writes until reopened (a retried fsync proves nothing).
     #[error("engine stopped after an earlier I/O error ({0}); remount to recover")]
@@ -49,6 +54,7 @@ impl Error {
             Error::NoSuchTx(_) => libc::EINVAL,
             Error::Stale(_) => libc::ESTALE,
             Error::Corrupt { .. } => libc::EIO,
+            Error::Lost(_) => libc::EIO,
             Error::Poisoned(_) => libc::EIO,
         }
     }

@@ -42,7 +42,8 @@ pub use error::{Error, Result, ECONFLICT};
 pub use ids::{DataFileId, Epoch, Lsn, ObjId, Seq, TxId};
 pub use log::files::META_DIR;
 pub use log::journal;
-pub use recovery::{check, CheckReport, JournalReport};
+pub use log::mark::{mark_path, MarkValue};
+pub use recovery::{check, checkpoint_failed_path, lost_found, CheckReport, JournalReport};
 pub use storage::{FileKind, Timestamp};
 pub use txn::{
     Attr, DirEntry, Durability, Engine, Options, RenameFlags, SetAttr, Stats, TxInfo, IDLE_CHECKPOINT_MAX_NAMES,

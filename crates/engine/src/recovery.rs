@@ -33,6 +33,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::ids::{DataFileId, Epoch, ObjId, Seq};
 use crate::log::files::{self, data_path, is_missing, journal_path, META_DIR};
 use crate::log::journal::{self, JournalWriter};
+use crate::log::mark;
 use crate::log::record::{CommitRecord, FileRef, ObjRef};
 use crate::storage::{FileKind, Storage};
 use crate::txn::api::Options;
@@ -99,6 +100,7 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     // leave it a second name of the live journal (journal.rs, "Recycled
     // journals").
     files::drop_spare(s)?;
+    mark::drop_tmp(s)?;
     // 2. Interrupted checkpoint.
     let mut plans: Vec<u64> = Vec::new();
     for (n, _) in s.read_dir(meta).ctx("recovery", || META_DIR.into())? {
@@ -140,6 +142,29 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
             detail: "staged objects without a checkpoint plan".into(),
         });
     }
+    // The durable high-water mark: what the journal must still hold.
+    let on_disk = mark::read(s)?;
+    let accepted = std::cell::Cell::new(false);
+    let losses = std::cell::RefCell::new(Vec::new());
+    let refuse = |what: String| -> Result<()> {
+        if opts.accept_loss {
+            tracing::warn!("recovery accepts a loss (--accept-loss): {what}");
+            accepted.set(true);
+            losses.borrow_mut().push(what);
+            Ok(())
+        } else {
+            tracing::error!("recovery refused: {what}");
+            Err(Error::Lost(what))
+        }
+    };
+    let mark_v = match &on_disk {
+        mark::OnDisk::Valid { value, .. } => Some(*value),
+        mark::OnDisk::Damaged(why) => {
+            refuse(format!("the durable high-water mark is damaged ({why}): the journal cannot be verified"))?;
+            None
+        }
+        mark::OnDisk::Absent => None,
+    };
     // 4. The journal.
     let jdir = meta.join("journal");
     let mut epochs: Vec<u64> = Vec::new();
@@ -158,10 +183,18 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     epochs.sort();
     let epoch = match epochs.as_slice() {
         [] => {
-            let e = Epoch(1);
+            // No journal: a new backing, unless the mark says there was one.
+            // Accepted loss starts past the mark's epoch and seq.
+            let (e, prev) = match &mark_v {
+                Some(m) => {
+                    refuse(mark::verify(m, None).expect("no journal is always a loss"))?;
+                    (Epoch(m.epoch.0 + 1), m.seq)
+                }
+                None => (Epoch(1), Seq(0)),
+            };
             let p = journal_path(e);
             let f = s.open_file(&p, true).ctx("journal create", || p.display().to_string())?;
-            f.write_at(0, &journal::file_header(e, Seq(0), journal::new_nonce()))
+            f.write_at(0, &journal::file_header(e, prev, journal::new_nonce()))
                 .ctx("journal create", || p.display().to_string())?;
             f.sync_data().ctx("journal create", || p.display().to_string())?;
             s.fsync(&jdir).ctx("journal create", || jdir.display().to_string())?;
@@ -178,16 +211,42 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     };
     let jp = journal_path(epoch);
     let jf = s.open_file(&jp, false).ctx("journal open", || jp.display().to_string())?;
-    if epoch == Epoch(1) && jf.len().ctx("journal open", || jp.display().to_string())? < journal::FILE_HEADER_LEN {
+    let short = jf.len().ctx("journal open", || jp.display().to_string())? < journal::FILE_HEADER_LEN;
+    if short && mark_v.is_some() {
+        // The mark is written only once this journal's header was durable.
+        refuse(format!(
+            "{} is shorter than its header, but {} records commits up to seq {} as durable: it was truncated",
+            jp.display(),
+            mark::mark_path().display(),
+            mark_v.map_or(0, |m| m.seq.0)
+        ))?;
+    }
+    if short && (epoch == Epoch(1) || accepted.get()) {
         // The very first journal was created but its header never became
         // durable: nothing was ever committed. (Later epochs are created
-        // and synced before their checkpoint plan is removed.)
+        // and synced before their checkpoint plan is removed.) Or a loss
+        // was accepted: the journal starts again past the mark.
+        let prev = mark_v.filter(|_| accepted.get()).map_or(Seq(0), |m| m.seq);
         jf.set_len(0).ctx("journal init", || jp.display().to_string())?;
-        jf.write_at(0, &journal::file_header(epoch, Seq(0), journal::new_nonce()))
+        jf.write_at(0, &journal::file_header(epoch, prev, journal::new_nonce()))
             .ctx("journal init", || jp.display().to_string())?;
         jf.sync_data().ctx("journal init", || jp.display().to_string())?;
     }
     let mut scan = journal::scan(&*jf, &jp, epoch)?;
+    if let Some(m) = &mark_v {
+        let found = mark::Found {
+            epoch,
+            nonce: scan.nonce,
+            prev_seq: scan.prev_seq,
+            last_seq: scan.records.last().map_or(scan.prev_seq, |r| r.seq),
+        };
+        if let Some(what) = mark::verify(m, Some(&found)) {
+            refuse(what)?;
+        }
+    }
+    // A torn tail is the end of what was never acknowledged durable — or
+    // damage in the last synced group that the mark is too old to expose.
+    let torn = scan.cut.as_ref().is_some_and(|(_, why)| !why.starts_with(journal::STALE_END));
     let mut jf = jf;
     if scan.nonce == 0 && scan.records.is_empty() {
         // An older, unkeyed journal with nothing in it: key it before
@@ -212,16 +271,26 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
     let mut st = State::new(storage.clone(), journal, scan.prev_seq, opts);
     let mut news: HashMap<u64, ObjId> = HashMap::new();
     for r in &scan.records {
-        let d = decode(&mut st, &mut news, &r.record, epoch, r.data_start).map_err(|e| Error::Corrupt {
-            path: jp.clone(),
-            offset: r.start,
-            detail: format!("seq {}: {e}", r.seq.0),
+        let d = decode(&mut st, &mut news, &r.record, epoch, r.data_start).map_err(|e| match e {
+            // A damaged data file: named as itself.
+            Error::Corrupt { path, offset, detail } => {
+                Error::Corrupt { path, offset, detail: format!("{detail} (named by seq {})", r.seq.0) }
+            }
+            e => Error::Corrupt { path: jp.clone(), offset: r.start, detail: format!("seq {}: {e}", r.seq.0) },
         })?;
         st.replay(&d, r.seq);
     }
     // 5. Data files nobody names. New ones are numbered past every name
-    // seen, so none can meet a leftover.
+    // seen, so none can meet a leftover. Recovery deletes only what it can
+    // account for: with the journal verified against the mark and nothing
+    // cut but a recycled journal's old bytes, a data file no record names
+    // belongs to no durable commit (an uncommitted transaction's, a spare,
+    // a retired epoch's). Otherwise — no mark to verify against, a loss
+    // accepted, a torn tail cut — it may hold a lost commit's bytes, and
+    // it is kept in `.txfs/lost+found/` until the user removes it.
+    let keep = mark_v.is_none() || accepted.get() || torn;
     let ddir = meta.join("data");
+    let mut kept = 0;
     for (n, _) in s.read_dir(&ddir).ctx("recovery", || ddir.display().to_string())? {
         let id = parse_hex(&n, "", "").map(DataFileId);
         if let Some(id) = id {
@@ -229,11 +298,79 @@ pub(crate) fn recover(storage: Arc<dyn Storage>, opts: &Options) -> Result<State
         }
         if id.is_none_or(|id| st.data_file(id).is_none()) {
             let p = ddir.join(&n);
-            s.unlink(&p).ctx("recovery cleanup", || p.display().to_string())?;
+            if keep {
+                let to = lost_found_name(s, &n)?;
+                tracing::warn!(from = %p.display(), to = %to.display(), "a data file no surviving record names: kept");
+                s.rename(&p, &to).ctx("recovery lost+found", || p.display().to_string())?;
+                kept += 1;
+            } else {
+                s.unlink(&p).ctx("recovery cleanup", || p.display().to_string())?;
+            }
         }
     }
+    if kept > 0 {
+        let lf = lost_found();
+        s.fsync(&lf).ctx("recovery lost+found", || lf.display().to_string())?;
+        s.fsync(&ddir).ctx("recovery lost+found", || ddir.display().to_string())?;
+    }
+    st.mark = Arc::new(mark::Mark::new(&on_disk));
+    st.loss_accepted = accepted.get();
+    st.losses = losses.take();
     tracing::info!(epoch = epoch.0, records = scan.records.len(), seq = st.seq().0, "journal loaded");
     Ok(st)
+}
+
+/// Left by a final checkpoint that failed (`Engine::shutdown`): the reason.
+/// `txfs umount` and `txfs check` report it; the next successful open
+/// removes it.
+pub fn checkpoint_failed_path() -> std::path::PathBuf {
+    Path::new(META_DIR).join("checkpoint-failed")
+}
+
+/// Best effort: the engine may be failing already.
+pub(crate) fn note_checkpoint_failed(s: &dyn Storage, e: &Error) {
+    let p = checkpoint_failed_path();
+    let _ = s.unlink(&p);
+    let r = s.open_file(&p, true).and_then(|f| {
+        f.write_at(0, format!("{e}\n").as_bytes())?;
+        f.sync_data()
+    });
+    if let Err(err) = r.and_then(|()| s.fsync(Path::new(META_DIR))) {
+        tracing::error!("{}: {err}", p.display());
+    }
+}
+
+pub(crate) fn clear_checkpoint_failed(s: &dyn Storage) -> Result<()> {
+    let p = checkpoint_failed_path();
+    match s.unlink(&p) {
+        Ok(()) => s.fsync(Path::new(META_DIR)).ctx("init", || META_DIR.into()),
+        Err(e) if is_missing(&e) => Ok(()),
+        Err(e) => Err(Error::io("init", p.display().to_string(), e)),
+    }
+}
+
+/// Where recovery keeps data files it cannot account for.
+pub fn lost_found() -> std::path::PathBuf {
+    Path::new(META_DIR).join("lost+found")
+}
+
+/// A free name in `.txfs/lost+found/` for data file `n` (made durable, with
+/// the folder, before anything is moved into it).
+fn lost_found_name(s: &dyn Storage, n: &OsStr) -> Result<std::path::PathBuf> {
+    let lf = lost_found();
+    if s.lstat(&lf).is_err() {
+        ensure_dir(s, &lf)?;
+        s.fsync(Path::new(META_DIR)).ctx("recovery lost+found", || META_DIR.into())?;
+    }
+    let mut to = lf.join(n);
+    let mut i = 1;
+    while s.lstat(&to).is_ok() {
+        let mut name = n.to_owned();
+        name.push(format!(".{i}"));
+        to = lf.join(name);
+        i += 1;
+    }
+    Ok(to)
 }
 
 /// Turns one record back into a delta over the current committed state.
@@ -303,12 +440,12 @@ fn decode(
             od.file = Some(fd);
         }
     }
-    for fr in &rec.files {
+    for (i, fr) in rec.files.iter().enumerate() {
         let ro = rec.objs.get(fr.obj as usize).filter(|ro| ro.file.is_some());
         let ro =
             ro.ok_or_else(|| Error::Poisoned(format!("data file reference to object #{} without content", fr.obj)))?;
         let o = resolve(st, news, &ro.obj)?;
-        open_data_file(st, fr)?;
+        open_data_file(st, fr, rec.crcs.get(i).copied())?;
         let fd = d.obj(o).file.as_mut().expect("checked above");
         fd.ext.insert(fr.off, fr.len, DataLoc::File(DataFileId(fr.file), fr.file_off));
     }
@@ -316,8 +453,8 @@ fn decode(
 }
 
 /// Opens the data file a record names (synced before the record was
-/// written: missing or short is damage).
-fn open_data_file(st: &mut State, fr: &FileRef) -> Result<()> {
+/// written: missing, short or with other bytes than its checksum is damage).
+fn open_data_file(st: &mut State, fr: &FileRef, crc: Option<u32>) -> Result<()> {
     let id = DataFileId(fr.file);
     let path = data_path(id);
     let len = match st.data_file(id) {
@@ -335,7 +472,27 @@ fn open_data_file(st: &mut State, fr: &FileRef) -> Result<()> {
             fr.file_off + fr.len
         )));
     }
+    if let Some(want) = crc {
+        let got = files::range_crc(&**st.storage(), id, fr.file_off, fr.len)
+            .ctx("recovery", || path.display().to_string())?;
+        if got != want {
+            return Err(Error::Corrupt {
+                path: path.clone(),
+                offset: fr.file_off,
+                detail: data_crc_mismatch(&path, fr, got, want),
+            });
+        }
+    }
     Ok(())
+}
+
+fn data_crc_mismatch(path: &Path, fr: &FileRef, got: u32, want: u32) -> String {
+    format!(
+        "{} bytes {}..{} have crc32c {got:08x}, the record committed {want:08x}: the data file is damaged",
+        path.display(),
+        fr.file_off,
+        fr.file_off + fr.len
+    )
 }
 
 /// One journal file as `txfs check` found it.
@@ -358,6 +515,9 @@ pub struct CheckReport {
     pub plan: Option<std::path::PathBuf>,
     /// Damage: each entry says what and where. Empty means healthy.
     pub problems: Vec<String>,
+    /// Data files recovery could not account for, kept for the user
+    /// (`.txfs/lost+found/`): not damage, but worth a look.
+    pub lost_found: Vec<std::path::PathBuf>,
 }
 
 /// Verifies the journal and its references into the backing tree without
@@ -403,6 +563,29 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
         }
     }
     let plan_epoch = rep.plan.as_deref().and_then(|pp| pp.file_name()).and_then(|n| parse_hex(n, "ckpt-", ".plan"));
+    let mark_v = match mark::read(s)? {
+        mark::OnDisk::Valid { value, .. } => Some(value),
+        mark::OnDisk::Damaged(why) => {
+            rep.problems.push(format!("the durable high-water mark is damaged: {why}"));
+            None
+        }
+        mark::OnDisk::Absent => None,
+    };
+    if let (Some(m), true) = (&mark_v, epochs.is_empty()) {
+        rep.problems.extend(mark::verify(m, None));
+    }
+    if s.lstat(&checkpoint_failed_path()).is_ok() {
+        let mut b = vec![0u8; 4096];
+        let n = s.read_at(&checkpoint_failed_path(), 0, &mut b).unwrap_or(0);
+        rep.problems.push(format!(
+            "the last unmount's final checkpoint failed ({}): run `txfs recover` (the journal holds the commits)",
+            String::from_utf8_lossy(&b[..n]).trim()
+        ));
+    }
+    if let Ok(l) = s.read_dir(&lost_found()) {
+        rep.lost_found = l.into_iter().map(|(n, _)| lost_found().join(n)).collect();
+    }
+    let last_epoch = epochs.last().copied();
     for e in epochs {
         let jp = journal_path(Epoch(e));
         let f = s.open_file(&jp, false).ctx("check", || jp.display().to_string())?;
@@ -414,17 +597,35 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
         // (as `recover` above does).
         let never_begun = e == 1 && plan_epoch.is_none();
         if (starting || never_begun) && f.len().ctx("check", || jp.display().to_string())? < journal::FILE_HEADER_LEN {
+            if let (Some(m), true) = (&mark_v, never_begun) {
+                rep.problems.push(format!(
+                    "{} is shorter than its header, but {} records commits up to seq {} as durable: it was \
+                     truncated",
+                    jp.display(),
+                    mark::mark_path().display(),
+                    m.seq.0
+                ));
+            }
             continue;
         }
         match journal::scan(&*f, &jp, Epoch(e)) {
             Ok(scan) => {
+                if let (Some(m), true) = (&mark_v, last_epoch == Some(e)) {
+                    let found = mark::Found {
+                        epoch: Epoch(e),
+                        nonce: scan.nonce,
+                        prev_seq: scan.prev_seq,
+                        last_seq: scan.records.last().map_or(scan.prev_seq, |r| r.seq),
+                    };
+                    rep.problems.extend(mark::verify(m, Some(&found)));
+                }
                 // Every base object a record names must exist (no plan running).
                 if rep.plan.is_none() {
                     for r in &scan.records {
                         let refs = r.record.dirs.iter().flat_map(|d| {
                             std::iter::once(&d.dir).chain(d.entries.iter().filter_map(|(_, e)| e.as_ref()))
                         });
-                        for fr in &r.record.files {
+                        for (i, fr) in r.record.files.iter().enumerate() {
                             let dp = data_path(DataFileId(fr.file));
                             let len = s.lstat(&dp).map(|m| m.size).unwrap_or(0);
                             if len < fr.file_off + fr.len {
@@ -435,6 +636,17 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
                                     fr.file_off + fr.len,
                                     dp.display()
                                 ));
+                            } else if let Some(&want) = r.record.crcs.get(i) {
+                                match files::range_crc(s, DataFileId(fr.file), fr.file_off, fr.len) {
+                                    Ok(got) if got == want => {}
+                                    Ok(got) => rep.problems.push(format!(
+                                        "{} seq {}: {}",
+                                        jp.display(),
+                                        r.seq.0,
+                                        data_crc_mismatch(&dp, fr, got, want)
+                                    )),
+                                    Err(e) => rep.problems.push(format!("{}: {e}", dp.display())),
+                                }
                             }
                         }
                         for o in refs.chain(r.record.objs.iter().map(|o| &o.obj)) {

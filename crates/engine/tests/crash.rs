@@ -232,7 +232,9 @@ fn stray_meta(s: &dyn Storage) -> Vec<PathBuf> {
     let mut v = Vec::new();
     if let Ok(list) = s.read_dir(Path::new(META_DIR)) {
         for (n, _) in list {
-            if !["journal", "stage", "orphans", "data"].iter().any(|k| n == OsStr::new(k)) {
+            // The high-water mark stays; lost+found holds what a recovery
+            // could not account for (a torn tail's data files), kept for the user.
+            if !["journal", "stage", "orphans", "data", "mark", "lost+found"].iter().any(|k| n == OsStr::new(k)) {
                 v.push(Path::new(META_DIR).join(n));
             }
         }

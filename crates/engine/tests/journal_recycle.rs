@@ -242,6 +242,8 @@ fn an_empty_unkeyed_journal_from_an_older_version_is_keyed_at_mount() {
     let epoch = txfs_engine::Epoch(u64::from_le_bytes(h[8..16].try_into().unwrap()));
     let prev = txfs_engine::Seq(u64::from_le_bytes(h[16..24].try_into().unwrap()));
     fs.write_at(&jp, 0, &txfs_engine::journal::file_header(epoch, prev, 0)).unwrap();
+    // An older version wrote no high-water mark either.
+    fs.unlink(&txfs_engine::mark_path()).unwrap();
     let mut m = [0u8; 8];
     fs.read_at(&jp, 0, &mut m).unwrap();
     assert_eq!(&m, txfs_engine::journal::FILE_MAGIC);

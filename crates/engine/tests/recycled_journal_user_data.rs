@@ -74,6 +74,7 @@ fn user_data_in_a_recycled_journal_is_not_replayed_as_a_commit() {
             file: Some(RecFile { cut: NO_CUT, exact: true, size: 6, extents: vec![(0, 6, 0)] }),
         }],
         files: vec![],
+        crcs: vec![],
     };
     let (meta, version) = rec.encode().unwrap();
     assert_eq!(version, REC_VERSION);

@@ -20,6 +20,10 @@
 //!   ckpt       ops on the backing tree, .txfs/stage, .txfs/orphans and the
 //!              checkpoint plan and markers (.txfs/ckpt-*)
 //!   recovery   any op while the engine is still opening (recovery at mount)
+//!
+//! TXFS_FAILPOINT=<class>:<n>:eio   the n-th op of <class> counted from the
+//!                              end of recovery fails with EIO instead (once;
+//!                              the daemon goes on): an I/O error, not a death
 //! ```
 //!
 //! Before dying the daemon prints one line to stderr (the daemon log,
@@ -69,9 +73,20 @@ pub fn wrap(storage: Arc<dyn Storage>) -> Result<Wrapped, String> {
         "recovery" => Class::Recovery,
         c => return Err(format!("TXFS_FAILPOINT: unknown class {c:?} (any, journal, sync, ckpt, recovery)")),
     };
+    let (n, eio) = match n.split_once(':') {
+        Some((n, "eio")) => (n, true),
+        Some((_, m)) => return Err(format!("TXFS_FAILPOINT={spec}: unknown mode {m:?} (eio)")),
+        None => (n, false),
+    };
     let n: u64 = n.parse().map_err(|_| format!("TXFS_FAILPOINT={spec}: {n:?} is not a count"))?;
-    let armed =
-        Arc::new(Armed { class, n, ops: AtomicU64::new(0), hits: AtomicU64::new(0), opening: AtomicBool::new(true) });
+    let armed = Arc::new(Armed {
+        class,
+        n,
+        eio,
+        ops: AtomicU64::new(0),
+        hits: AtomicU64::new(0),
+        opening: AtomicBool::new(true),
+    });
     Ok((Arc::new(FailFs { inner: storage, armed: armed.clone() }), Some(armed)))
 }
 
@@ -79,6 +94,8 @@ pub fn wrap(storage: Arc<dyn Storage>) -> Result<Wrapped, String> {
 pub struct Armed {
     class: Class,
     n: u64,
+    /// Fail the op with EIO instead of dying.
+    eio: bool,
     ops: AtomicU64,
     hits: AtomicU64,
     opening: AtomicBool,
@@ -90,7 +107,7 @@ impl Armed {
         self.opening.store(false, Ordering::SeqCst);
     }
 
-    fn before(&self, op: &str, path: &Path, sync: bool) {
+    fn before(&self, op: &str, path: &Path, sync: bool) -> io::Result<()> {
         let k = self.ops.fetch_add(1, Ordering::SeqCst) + 1;
         let opening = self.opening.load(Ordering::SeqCst);
         let meta = path.starts_with(txfs_engine::META_DIR);
@@ -105,10 +122,15 @@ impl Armed {
             Class::Ckpt => !meta || under("stage") || under("orphans") || ckpt_file || op == "syncfs",
             Class::Recovery => opening,
         };
-        if !counts {
-            return;
+        if !counts || (self.eio && opening) {
+            return Ok(());
         }
         let h = self.hits.fetch_add(1, Ordering::SeqCst) + 1;
+        if h == self.n && self.eio {
+            let phase = if opening { "recovery" } else { "serving" };
+            eprintln!("txfs failpoint: EIO for {op} {} ({phase} op #{k}, {:?} #{h})", path.display(), self.class);
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         if h == self.n {
             let phase = if opening { "recovery" } else { "serving" };
             eprintln!(
@@ -124,6 +146,7 @@ impl Armed {
                 std::thread::park();
             }
         }
+        Ok(())
     }
 }
 
@@ -143,18 +166,18 @@ impl StoredFile for FailFile {
         self.inner.read_at(off, buf)
     }
     fn write_at(&self, off: u64, data: &[u8]) -> io::Result<()> {
-        self.armed.before("write", &self.path, false);
+        self.armed.before("write", &self.path, false)?;
         self.inner.write_at(off, data)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.armed.before("set_len", &self.path, false);
+        self.armed.before("set_len", &self.path, false)?;
         self.inner.set_len(len)
     }
     fn len(&self) -> io::Result<u64> {
         self.inner.len()
     }
     fn sync_data(&self) -> io::Result<()> {
-        self.armed.before("fdatasync", &self.path, true);
+        self.armed.before("fdatasync", &self.path, true)?;
         self.inner.sync_data()
     }
     fn start_writeback(&self, off: u64, len: u64) {
@@ -182,27 +205,27 @@ impl Storage for FailFs {
         self.inner.file_len(path)
     }
     fn write_at(&self, path: &Path, off: u64, data: &[u8]) -> io::Result<()> {
-        self.armed.before("write", path, false);
+        self.armed.before("write", path, false)?;
         self.inner.write_at(path, off, data)
     }
     fn set_len(&self, path: &Path, len: u64) -> io::Result<()> {
-        self.armed.before("set_len", path, false);
+        self.armed.before("set_len", path, false)?;
         self.inner.set_len(path, len)
     }
     fn create_file(&self, path: &Path, mode: u32) -> io::Result<()> {
-        self.armed.before("create", path, false);
+        self.armed.before("create", path, false)?;
         self.inner.create_file(path, mode)
     }
     fn mkdir(&self, path: &Path, mode: u32) -> io::Result<()> {
-        self.armed.before("mkdir", path, false);
+        self.armed.before("mkdir", path, false)?;
         self.inner.mkdir(path, mode)
     }
     fn symlink(&self, target: &OsStr, path: &Path) -> io::Result<()> {
-        self.armed.before("symlink", path, false);
+        self.armed.before("symlink", path, false)?;
         self.inner.symlink(target, path)
     }
     fn mknod(&self, path: &Path, kind: FileKind, mode: u32, rdev: u64) -> io::Result<()> {
-        self.armed.before("mknod", path, false);
+        self.armed.before("mknod", path, false)?;
         self.inner.mknod(path, kind, mode, rdev)
     }
     fn may_mknod(&self, kind: FileKind, rdev: u64) -> bool {
@@ -212,31 +235,31 @@ impl Storage for FailFs {
         self.inner.readlink(path)
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.armed.before("rename", from, false);
+        self.armed.before("rename", from, false)?;
         self.inner.rename(from, to)
     }
     fn link(&self, existing: &Path, new: &Path) -> io::Result<()> {
-        self.armed.before("link", new, false);
+        self.armed.before("link", new, false)?;
         self.inner.link(existing, new)
     }
     fn unlink(&self, path: &Path) -> io::Result<()> {
-        self.armed.before("unlink", path, false);
+        self.armed.before("unlink", path, false)?;
         self.inner.unlink(path)
     }
     fn rmdir(&self, path: &Path) -> io::Result<()> {
-        self.armed.before("rmdir", path, false);
+        self.armed.before("rmdir", path, false)?;
         self.inner.rmdir(path)
     }
     fn set_mode(&self, path: &Path, mode: u32) -> io::Result<()> {
-        self.armed.before("chmod", path, false);
+        self.armed.before("chmod", path, false)?;
         self.inner.set_mode(path, mode)
     }
     fn set_owner(&self, path: &Path, uid: u32, gid: u32) -> io::Result<()> {
-        self.armed.before("chown", path, false);
+        self.armed.before("chown", path, false)?;
         self.inner.set_owner(path, uid, gid)
     }
     fn set_times(&self, path: &Path, atime: Timestamp, mtime: Timestamp) -> io::Result<()> {
-        self.armed.before("utimes", path, false);
+        self.armed.before("utimes", path, false)?;
         self.inner.set_times(path, atime, mtime)
     }
     fn get_xattr(&self, path: &Path, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
@@ -246,24 +269,24 @@ impl Storage for FailFs {
         self.inner.list_xattrs(path)
     }
     fn set_xattr(&self, path: &Path, name: &OsStr, value: &[u8]) -> io::Result<()> {
-        self.armed.before("setxattr", path, false);
+        self.armed.before("setxattr", path, false)?;
         self.inner.set_xattr(path, name, value)
     }
     fn remove_xattr(&self, path: &Path, name: &OsStr) -> io::Result<()> {
-        self.armed.before("removexattr", path, false);
+        self.armed.before("removexattr", path, false)?;
         self.inner.remove_xattr(path, name)
     }
     fn fsync(&self, path: &Path) -> io::Result<()> {
-        self.armed.before("fsync", path, true);
+        self.armed.before("fsync", path, true)?;
         self.inner.fsync(path)
     }
     fn sync_all(&self) -> io::Result<()> {
-        self.armed.before("syncfs", Path::new(""), true);
+        self.armed.before("syncfs", Path::new(""), true)?;
         self.inner.sync_all()
     }
     fn open_file(&self, path: &Path, create: bool) -> io::Result<Arc<dyn StoredFile>> {
         if create {
-            self.armed.before("open-create", path, false);
+            self.armed.before("open-create", path, false)?;
         }
         let inner = self.inner.open_file(path, create)?;
         Ok(Arc::new(FailFile { inner, path: path.to_path_buf(), armed: self.armed.clone() }))

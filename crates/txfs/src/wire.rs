@@ -287,9 +287,11 @@ wire_struct! {
         /// The uid it began with.
         uid: u32,
         /// [`TX_THREAD`], [`TX_RUN`] or 0 (not known); [`TX_DOOMED`] added
-        /// when it already lost a conflict.
+        /// when it already lost a conflict or went past a cap.
         kind: u32,
         reserved: u32,
+        /// Memory it holds in the daemon, as its caps count it (`-o tx_mem`).
+        mem: u64,
     }
 }
 

@@ -296,3 +296,60 @@ fn walk_size(p: &Path) -> u64 {
     })
     .sum()
 }
+
+/// The seq the durable high-water mark (`.txfs/mark`) records now.
+fn mark_seq(backing: &Path) -> u64 {
+    let b = std::fs::read(backing.join(".txfs/mark")).unwrap_or_default();
+    let slot = |at: usize| {
+        let s = b.get(at..at + 52)?;
+        let u = |o: usize| u64::from_le_bytes(s[o..o + 8].try_into().unwrap());
+        (&s[0..8] == b"TXFSMRK1").then(|| (u(8), u(24)))
+    };
+    [slot(0), slot(4096)].into_iter().flatten().max().map_or(0, |(_, seq)| seq)
+}
+
+/// Story (issue 28): a mount is killed; later someone truncates its
+/// journal (a bad copy, a restore of an old file). `txfs check` exits 1,
+/// `txfs recover` and `txfs mount` refuse and say how to proceed, and
+/// `txfs recover --accept-loss` goes on, says what it accepted on stderr
+/// and in daemon.log, and leaves a backing that checks clean.
+#[test]
+fn a_truncated_journal_is_refused_until_recover_accept_loss() {
+    let mut m = Mount::new();
+    for i in 0..5 {
+        std::fs::write(m.path(format!("f{i}")), format!("v{i}")).unwrap();
+    }
+    m.sync().unwrap();
+    // The background thread writes the mark about once a second.
+    assert!(wait_until(Duration::from_secs(4), || mark_seq(m.backing()) >= 5), "mark at {}", mark_seq(m.backing()));
+    m.sigkill();
+    m.kill_daemon();
+    let jdir = m.backing().join(".txfs/journal");
+    let j = std::fs::read_dir(&jdir).unwrap().next().unwrap().unwrap().path();
+    let f = std::fs::OpenOptions::new().write(true).open(&j).unwrap();
+    f.set_len(32).unwrap();
+    drop(f);
+    let txfs = env!("CARGO_BIN_EXE_txfs");
+    let check = Command::new(txfs).arg("check").arg(m.backing()).output().unwrap();
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(1), "check of a truncated journal: {out}");
+    assert!(out.contains("acknowledged commits are missing"), "{out}");
+    let rec = Command::new(txfs).arg("recover").arg(m.backing()).output().unwrap();
+    let err = String::from_utf8_lossy(&rec.stderr);
+    assert!(!rec.status.success(), "recover went on past a truncated journal");
+    assert!(err.contains("--accept-loss") && err.contains("missing"), "{err}");
+    let mnt = Command::new(txfs).arg("mount").arg(m.backing()).arg(m.mnt()).arg("-f").output().unwrap();
+    assert!(!mnt.status.success(), "mount went on past a truncated journal");
+    assert!(String::from_utf8_lossy(&mnt.stderr).contains("--accept-loss"), "{}", String::from_utf8_lossy(&mnt.stderr));
+    let rec = Command::new(txfs).arg("recover").arg("--accept-loss").arg(m.backing()).output().unwrap();
+    let err = String::from_utf8_lossy(&rec.stderr);
+    assert!(rec.status.success(), "{err}");
+    assert!(err.contains("accepted"), "{err}");
+    let log = std::fs::read_to_string(m.backing().join(".txfs/daemon.log")).unwrap_or_default();
+    assert!(log.contains("--accept-loss: accepted"), "daemon.log: {log}");
+    let check = Command::new(txfs).arg("check").arg(m.backing()).output().unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
+    m.start();
+    std::fs::write(m.path("after"), "x").unwrap();
+    m.umount_clean();
+}

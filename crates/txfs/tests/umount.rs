@@ -559,3 +559,29 @@ fn daemon_log_is_capped_and_rotated() {
     }
     assert!(std::fs::read_to_string(&log).unwrap().contains("unmounted"), "the current log goes on to the end");
 }
+
+/// Story (issue 28, seen in review): the daemon's final checkpoint fails —
+/// an I/O error on the backing (here `TXFS_FAILPOINT=...:eio`). `txfs
+/// umount` must say so and exit non-zero, and `txfs check` exit 1, until
+/// `txfs recover` has put the commit (safe in the journal) into BACKING.
+#[test]
+fn umount_and_check_fail_when_the_final_checkpoint_failed() {
+    let mut m = Mount::new();
+    // Counted from the end of recovery: the final checkpoint's first op.
+    m.restart_with_env("TXFS_FAILPOINT", "ckpt:1:eio");
+    std::fs::write(m.path("f"), "kept").unwrap();
+    let (ok, err) = txfs_umount(&m);
+    assert!(!ok, "txfs umount exited 0 after the final checkpoint failed; log:\n{}", m.log_text());
+    assert!(err.contains("final checkpoint failed") && err.contains("txfs recover"), "{err}");
+    assert!(m.log_text().contains("txfs failpoint: EIO"), "the failpoint was not reached: {}", m.log_text());
+    let txfs = env!("CARGO_BIN_EXE_txfs");
+    let check = Command::new(txfs).arg("check").arg(m.backing()).output().expect("txfs check");
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(1), "txfs check after a failed final checkpoint: {out}");
+    assert!(out.contains("final checkpoint failed"), "{out}");
+    let rec = Command::new(txfs).arg("recover").arg(m.backing()).output().expect("txfs recover");
+    assert!(rec.status.success(), "{}", String::from_utf8_lossy(&rec.stderr));
+    assert_eq!(std::fs::read_to_string(m.backing().join("f")).unwrap(), "kept");
+    let check = Command::new(txfs).arg("check").arg(m.backing()).output().expect("txfs check");
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
+}

@@ -78,6 +78,30 @@ pub(crate) fn read_exact_at(s: &dyn Storage, path: &Path, mut off: u64, mut out:
     Ok(())
 }
 
+/// crc32c of the bytes `[off, off + len)` of data file `id`.
+pub(crate) fn range_crc(s: &dyn Storage, id: DataFileId, off: u64, len: u64) -> std::io::Result<u32> {
+    let path = data_path(id);
+    let mut buf = vec![0u8; len.min(1 << 20) as usize];
+    let (mut at, end, mut crc) = (off, off + len, 0u32);
+    while at < end {
+        let n = (end - at).min(buf.len() as u64) as usize;
+        read_exact_at(s, &path, at, &mut buf[..n])?;
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        at += n as u64;
+    }
+    Ok(crc)
+}
+
+/// The checksums of a record's data-file ranges, in its order.
+pub(crate) fn range_crcs(s: &dyn Storage, refs: &[super::record::FileRef]) -> Result<Vec<u32>> {
+    refs.iter()
+        .map(|r| {
+            range_crc(s, DataFileId(r.file), r.file_off, r.len)
+                .ctx("data file checksum", || data_path(DataFileId(r.file)).display().to_string())
+        })
+        .collect()
+}
+
 /// A retired journal kept to become the next epoch's (journal.rs,
 /// "Recycled journals").
 pub fn spare_path() -> PathBuf {

@@ -99,6 +99,12 @@ pub struct CommitRecord {
     pub objs: Vec<RecObj>,
     /// Encoded after the rest, in version-2 records only.
     pub files: Vec<FileRef>,
+    /// crc32c of each `files` range's bytes in its data file, in the same
+    /// order; encoded after `files` when there are any. Version 2 records
+    /// written before these were kept end at `files` (empty here): an older
+    /// reader ignores bytes after the meta it knows, so the record keeps
+    /// its version and an older binary still reads it whole.
+    pub crcs: Vec<u32>,
 }
 
 impl CommitRecord {
@@ -111,6 +117,9 @@ impl CommitRecord {
             return Ok((meta, REC_VERSION));
         }
         self.files.put(&mut meta);
+        if !self.crcs.is_empty() {
+            self.crcs.put(&mut meta);
+        }
         Ok((meta, REC_VERSION_FILES))
     }
 
@@ -120,6 +129,12 @@ impl CommitRecord {
         let mut rec = CommitRecord::get(&mut r)?;
         if version == REC_VERSION_FILES {
             rec.files = Codec::get(&mut r)?;
+            if !r.is_empty() {
+                rec.crcs = Codec::get(&mut r)?;
+                if rec.crcs.len() != rec.files.len() {
+                    return Err(DecodeError::Truncated);
+                }
+            }
         }
         Ok(rec)
     }
@@ -183,6 +198,12 @@ impl Codec for CommitRecord {
         self.objs.put(out);
     }
     fn get(r: &mut Reader<'_>) -> std::result::Result<Self, DecodeError> {
-        Ok(CommitRecord { created: Codec::get(r)?, dirs: Codec::get(r)?, objs: Codec::get(r)?, files: Vec::new() })
+        Ok(CommitRecord {
+            created: Codec::get(r)?,
+            dirs: Codec::get(r)?,
+            objs: Codec::get(r)?,
+            files: Vec::new(),
+            crcs: Vec::new(),
+        })
     }
 }

@@ -51,6 +51,12 @@ pub struct Options {
     /// Entries one transaction's read set may hold (page ranges, names,
     /// listings, attributes): its commit validates each under the lock.
     pub tx_reads: u64,
+    /// Recovery goes on past a journal that lost commits the durable
+    /// high-water mark (`.txfs/mark`) says were durable — truncated,
+    /// shortened, replaced or deleted — or past a damaged mark, keeping
+    /// what survives and logging what was lost (`txfs recover
+    /// --accept-loss`). Without it such a journal is refused.
+    pub accept_loss: bool,
 }
 
 /// The most name changes an idle checkpoint moves (see
@@ -68,6 +74,7 @@ impl Default for Options {
             tx_mem: 128 << 20,
             mount_tx_mem: 192 << 20,
             tx_reads: 1 << 20,
+            accept_loss: false,
         }
     }
 }

@@ -177,7 +177,18 @@ fn validate_and_publish(
             }
         }
     }
-    let (rec, extents) = encode(st, &tx.delta)?;
+    let (mut rec, extents) = encode(st, &tx.delta)?;
+    // Each data-file range the record names gets its crc32c, verified by
+    // recovery and `txfs check` (journal.md, "Data files"): read back from
+    // the page cache, just synced.
+    match crate::log::files::range_crcs(&**st.storage(), &rec.files) {
+        Ok(c) => rec.crcs = c,
+        Err(e) => {
+            st.discard_tx(&tx);
+            st.stats.aborts += 1;
+            return Err(e);
+        }
+    }
     let (meta, version) = rec.encode().map_err(|e| Error::Poisoned(format!("record encoding: {e}")))?;
     let data_len: u64 = extents.iter().map(|(_, _, l, _)| *l).sum();
     let durable_upto = {

@@ -15,8 +15,12 @@ pub struct TxInfo {
     /// Entries of its read set: page ranges, names, directory listings and
     /// attributes it read (what its commit validates).
     pub reads: u64,
-    /// Whether it already lost a conflict (its commit will fail).
+    /// Whether it already lost a conflict or went past a cap (its commit
+    /// will fail).
     pub doomed: bool,
+    /// Memory it holds in the daemon, by the count its caps are held to
+    /// (`Options::tx_mem`; budget.rs).
+    pub mem: u64,
 }
 
 impl Engine {
@@ -28,13 +32,12 @@ impl Engine {
             .values()
             .map(|t| {
                 let files: u64 = t.data_file_ids().filter_map(|id| st.data_files.get(&id)).map(|f| f.len).sum();
-                let r = &t.reads;
-                let pages: usize = r.pages.values().map(Vec::len).sum();
                 TxInfo {
                     id: t.id,
                     bytes: t.mem_bytes + files,
-                    reads: (pages + r.names.len() + r.lists.len() + r.metas.len()) as u64,
+                    reads: t.read_entries(),
                     doomed: t.doomed.is_some(),
+                    mem: t.held(),
                 }
             })
             .collect();

@@ -145,6 +145,10 @@ impl Engine {
         // Orphans (files unlinked while open) were needed until the
         // journal naming them was checkpointed; no handle survives a restart.
         crate::recovery::clear_orphans(&engine.lock())?;
+        // The first open of a backing without a mark writes one; after an
+        // accepted loss it is rewritten whole.
+        write_mark(&engine.shared, true)?;
+        crate::recovery::clear_checkpoint_failed(&**engine.lock().storage())?;
         if let Some(iv) = opts.flush_interval {
             let sh = engine.shared.clone();
             *engine.bg.lock() = Some(
@@ -625,7 +629,21 @@ impl Engine {
     pub fn checkpoint(&self) -> Result<()> {
         let _one = self.shared.ckpt_lock.lock();
         self.sync()?;
-        checkpoint::run(&self.shared.state, &self.shared.sync)
+        checkpoint::run(&self.shared.state, &self.shared.sync)?;
+        write_mark(&self.shared, true)
+    }
+
+    /// What recovery accepted to lose at this open (`Options::accept_loss`);
+    /// empty if nothing.
+    pub fn accepted_losses(&self) -> Vec<String> {
+        self.lock().losses.clone()
+    }
+
+    /// Records the durable high-water mark (`.txfs/mark`) now: every commit
+    /// so far is made durable first. The engine does this at each open and
+    /// checkpoint, and the background thread at most once a second.
+    pub fn write_mark(&self) -> Result<()> {
+        write_mark(&self.shared, true)
     }
 
     fn maybe_checkpoint(&self) {
@@ -653,8 +671,13 @@ impl Engine {
         // journal has nothing after its records: the last checkpoint starts
         // a fresh one, and the journal it retires is deleted.
         let storage = self.lock().storage.clone();
-        crate::log::files::drop_spare(&*storage)?;
-        self.checkpoint()?;
+        let res = crate::log::files::drop_spare(&*storage).and_then(|()| self.checkpoint());
+        if let Err(e) = res {
+            // `txfs umount` and `txfs check` report it (exit non-zero)
+            // until a recovery succeeds.
+            crate::recovery::note_checkpoint_failed(&*storage, &e);
+            return Err(e);
+        }
         let _one = self.shared.ckpt_lock.lock();
         crate::log::files::drop_spare(&*storage)?;
         self.lock().drop_spares();
@@ -687,9 +710,37 @@ impl Drop for Engine {
     }
 }
 
+/// Writes the durable high-water mark for what is durable now. With
+/// `sync`, everything appended so far is made durable first; without, the
+/// mark is written only if that is so already (the background thread's
+/// lazy update, right after its flush: no sync of the journal of its own).
+fn write_mark(sh: &Shared, sync: bool) -> Result<()> {
+    let (v, upto, mark, storage, force) = {
+        let mut st = sh.state.lock();
+        if st.poisoned().is_some() {
+            return Ok(());
+        }
+        let j = &st.journal;
+        let v = crate::log::mark::MarkValue { epoch: j.epoch, seq: st.seq, end: j.end, nonce: j.nonce };
+        let force = std::mem::take(&mut st.loss_accepted);
+        (v, *sh.sync.written.lock(), st.mark.clone(), st.storage.clone(), force)
+    };
+    if sh.sync.synced() < upto {
+        if !sync {
+            return Ok(());
+        }
+        sh.sync.wait_durable(upto)?;
+    }
+    mark.write(&*storage, v, force)
+}
+
+/// How often the background thread updates the mark at most.
+const MARK_EVERY: Duration = Duration::from_secs(1);
+
 pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
     let step = Duration::from_millis(10).min(iv);
     let mut waited = Duration::ZERO;
+    let mut since_mark = Duration::ZERO;
     let mut postponed = false;
     // The last commit seen and how long ago it was first seen.
     let (mut seen, mut idle) = (Seq(0), Duration::ZERO);
@@ -706,6 +757,13 @@ pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
                 tracing::error!("background journal flush failed: {e}");
             }
             sh.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        since_mark += iv;
+        if since_mark >= MARK_EVERY {
+            since_mark = Duration::ZERO;
+            if let Err(e) = write_mark(&sh, false) {
+                tracing::warn!("durable high-water mark not updated: {e}");
+            }
         }
         // What an idle checkpoint may take: not a poisoned engine's (it
         // commits nothing more and refuses checkpoints: idleness would only
@@ -737,7 +795,12 @@ pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
                 continue;
             }
             match checkpoint::run(&sh.state, &sh.sync) {
-                Ok(()) => postponed = false,
+                Ok(()) => {
+                    postponed = false;
+                    if let Err(e) = write_mark(&sh, true) {
+                        tracing::warn!("durable high-water mark not updated after a checkpoint: {e}");
+                    }
+                }
                 // Not started (no room): retried every interval, said once.
                 Err(e) if sh.state.lock().poisoned().is_none() => {
                     if !postponed {

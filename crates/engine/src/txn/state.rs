@@ -199,6 +199,13 @@ pub(crate) struct State {
     /// What big transactions held, dropped once the lock is let go (a
     /// million extents take tens of milliseconds to free: budget.rs).
     pub(super) graveyard: Vec<Box<dyn std::any::Any + Send>>,
+    /// The durable high-water mark's writer (`log/mark.rs`).
+    pub(crate) mark: Arc<crate::log::mark::Mark>,
+    /// Recovery went past a refusal (`Options::accept_loss`): the mark is
+    /// rewritten whole at the end of the open.
+    pub(crate) loss_accepted: bool,
+    /// What recovery accepted to lose, said for the log (`txfs recover`).
+    pub(crate) losses: Vec<String>,
 }
 
 impl State {
@@ -377,6 +384,9 @@ impl State {
             poisoned: Arc::default(),
             released_orphans: Vec::new(),
             spares: Vec::new(),
+            mark: Arc::new(crate::log::mark::Mark::new(&crate::log::mark::OnDisk::Absent)),
+            loss_accepted: false,
+            losses: Vec::new(),
             stats: Default::default(),
             spill_threshold: opts.spill_threshold,
             stage_threshold: opts.stage_threshold,

@@ -25,6 +25,13 @@ pub fn check(backing: &Path, progress: bool) -> Result<bool, String> {
     if let Some(p) = &rep.plan {
         println!("{}: an interrupted checkpoint; the next mount or `txfs recover` finishes it", p.display());
     }
+    if !rep.lost_found.is_empty() {
+        println!(
+            "{}: {} data files recovery could not account for, kept for you to look at and remove",
+            txfs_engine::lost_found().display(),
+            rep.lost_found.len()
+        );
+    }
     for p in &rep.problems {
         println!("DAMAGE: {p}");
     }

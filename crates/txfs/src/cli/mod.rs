@@ -203,12 +203,14 @@ enum Cmd {
     #[command(after_help = concat!(
         "Example:\n  txfs recover /srv/data && rsync -a /srv/data/ backup/\n\n",
         "A progress line goes to stderr when it is a terminal, or with --progress.\n",
-        "Exit status: 0 recovered; 1 on error (damage before the journal's tail,\n",
+        "Exit status: 0 recovered; 1 on error (damage before the journal's tail, a journal\n",
+        "missing commits the high-water mark .txfs/mark says were durable (see --accept-loss),\n",
         "BACKING in use by a mount, BACKING not a txfs backing: no .txfs/).\n\n",
     ), after_long_help = concat!(
         "Example:\n  txfs recover /srv/data && rsync -a /srv/data/ backup/\n\n",
         "A progress line goes to stderr when it is a terminal, or with --progress.\n",
-        "Exit status: 0 recovered; 1 on error (damage before the journal's tail,\n",
+        "Exit status: 0 recovered; 1 on error (damage before the journal's tail, a journal\n",
+        "missing commits the high-water mark .txfs/mark says were durable (see --accept-loss),\n",
         "BACKING in use by a mount, BACKING not a txfs backing: no .txfs/).\n\n",
      files_help!()))]
     Recover {
@@ -216,6 +218,13 @@ enum Cmd {
         /// Print a progress line to stderr even when it is not a terminal.
         #[arg(long)]
         progress: bool,
+        /// Go on past a journal that lost commits the durable high-water
+        /// mark (.txfs/mark) says were durable — truncated, shortened,
+        /// replaced or deleted — keeping what survives. What is lost is
+        /// logged to stderr and .txfs/daemon.log; data files no surviving
+        /// record names are kept in .txfs/lost+found/.
+        #[arg(long)]
+        accept_loss: bool,
     },
     /// Offline: verify the journal and its references into BACKING;
     /// exits 1 on damage. Changes nothing.
@@ -290,7 +299,7 @@ pub fn main() -> ExitCode {
         Cmd::Umount { mountpoint } => umount::umount(&mountpoint),
         Cmd::Status { mountpoint, json, watch } => status::status(&mountpoint, json, watch),
         Cmd::Run { retries, mount, ordered, cmd } => return run::run(mount.as_deref(), retries, ordered, &cmd),
-        Cmd::Recover { backing, progress } => recover::recover(&backing, progress),
+        Cmd::Recover { backing, progress, accept_loss } => recover::recover(&backing, progress, accept_loss),
         Cmd::Check { backing, progress } => match check::check(&backing, progress) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::from(1),

@@ -66,6 +66,20 @@ pub fn umount(point: &Path) -> Result<(), String> {
     }
     if let Some(backing) = m.backing() {
         wait_for_daemon(&backing, &m.point)?;
+        // The daemon leaves this when its final checkpoint failed: the
+        // commits are in the journal, but BACKING does not hold them as
+        // plain files.
+        let failed = backing.join(txfs_engine::checkpoint_failed_path());
+        if let Ok(why) = std::fs::read_to_string(&failed) {
+            return Err(format!(
+                "unmounted {}, but the daemon's final checkpoint failed ({}): BACKING does not hold the \
+                 committed state as plain files yet; the journal does. Run `txfs recover {}` (see {})",
+                m.point.display(),
+                why.trim(),
+                backing.display(),
+                backing.join(".txfs/daemon.log").display()
+            ));
+        }
     }
     Ok(())
 }

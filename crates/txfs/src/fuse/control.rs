@@ -65,6 +65,7 @@ impl TxFs {
                 uid: origin.map_or(0, |o| o.uid),
                 kind: kind | if i.doomed { wire::TX_DOOMED } else { 0 },
                 reserved: 0,
+                mem: i.mem,
             };
             out.count += 1;
         }
