@@ -142,23 +142,23 @@ fn validate_and_publish(
     sync_follows: bool,
 ) -> Result<(Lsn, Vec<ObjId>)> {
     if let Some(d) = tx.doomed.take() {
-        st.discard_tx(&tx);
+        st.discard_tx(tx);
         return Err(d.error(tx.id));
     }
     if let Some(what) = tx.reads.first_stale(&st.ver, tx.start) {
-        st.discard_tx(&tx);
+        st.discard_tx(tx);
         return Err(Error::Conflict { tx: tx.id, what });
     }
     drop_unreachable_new(st, &mut tx.delta, &tx.explicit);
     if tx.delta.is_empty() {
-        st.discard_tx(&tx);
+        st.discard_tx(tx);
         return Ok((*sync.written.lock(), Vec::new()));
     }
     // Bytes written to data files since the caller synced them (or every
     // byte, for a commit that did not go through commit_changes).
     let unsynced = take_unsynced(&st.data_files, tx);
     if let Err(e) = sync_data_files(&**st.storage(), &unsynced) {
-        st.discard_tx(&tx);
+        st.discard_tx(tx);
         st.stats.aborts += 1;
         return Err(e);
     }
@@ -184,7 +184,7 @@ fn validate_and_publish(
     match crate::log::files::range_crcs(&**st.storage(), &rec.files) {
         Ok(c) => rec.crcs = c,
         Err(e) => {
-            st.discard_tx(&tx);
+            st.discard_tx(tx);
             st.stats.aborts += 1;
             return Err(e);
         }
@@ -235,7 +235,7 @@ fn validate_and_publish(
     let appended = match appended {
         Ok(a) => a,
         Err(e) => {
-            st.discard_tx(&tx);
+            st.discard_tx(tx);
             st.stats.aborts += 1;
             if matches!(e.errno(), libc::ENOSPC | libc::EDQUOT) {
                 // The spare journal's and spare data files' space goes back
@@ -291,7 +291,7 @@ fn validate_and_publish(
         }
     }
     st.seq = seq;
-    st.discard_tx(&tx);
+    st.discard_tx(tx);
     st.stats.commits += 1;
     let pos = Lsn { epoch, off: appended.end };
     *sync.written.lock() = pos;
