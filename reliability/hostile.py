@@ -65,9 +65,10 @@ canaries and everything a class expects to persist (files at the bottom of
 deep trees, long names, accepted xattrs, setuid modes) read back through the
 mount and, after the last unmount, from BACKING as plain files.
 
-The huge class also measures issue 23's limits (daemon RSS < 256 MiB, another
-user's plain write stalled ≤ 50 ms by any commit) in a row of their own,
-published as a known open bug while those limits are not built.
+The huge class also measures issue 23's limits in a row of their own: daemon
+RSS < 256 MiB (past it, a violation: the memory caps hold it), and another
+user's plain write stalled ≤ 50 ms by any commit (not met yet: published as a
+known open bug, docs/LIMITS.md 21).
 
 Where the backing's own file system answers differently from txfs (an errno,
 a refusal txfs does not make) and that is not a violation, the difference is
@@ -1656,21 +1657,23 @@ class Suite:
                                   command("hostile.py", self.args) + f" --class {name}"),
                               refused=refused, accepted=accepted, serving=serving))
         if name == "huge":
-            # Issue 23's limits (daemon RSS < 256 MiB whatever users do; a commit
-            # of any size stalls other users' plain operations ≤ 50 ms) are
-            # measured here; until they are built, going over is published as a
-            # known open bug, not failed.
+            # Issue 23's limits: daemon RSS < 256 MiB whatever users do (the
+            # memory caps: a violation past it); a commit of any size stalls
+            # other users' plain operations ≤ 50 ms (not met yet: a commit of
+            # the biggest transaction the default cap allows holds the engine
+            # lock ~0.3 s, docs/LIMITS.md 21; published as a known open bug).
             worst = stall[0] if stall else -1.0
             mib = rss_peak[0] // 1024
-            over = [f"another user's plain write stalled {worst:.0f} ms"] if worst > 50 else []
-            over += [f"the daemon's RSS reached {mib} MiB"] if mib >= 256 else []
+            slow = [f"another user's plain write stalled {worst:.0f} ms"] if worst > 50 else []
+            fat = [f"the daemon's RSS reached {mib} MiB"] if mib >= 256 else []
+            over = slow + fat
             r = dict(row(f"hostile users: limits under a huge transaction: daemon RSS peak {mib} MiB (< 256), "
                          f"another user's worst plain write {worst:.0f} ms (≤ 50)", "hostile user",
                          stall[1] if stall else 0, len(over), 0, 0, command("hostile.py", self.args) + " --class huge"),
                      refused=0, accepted=stall[1] if stall else 0, serving=serving)
-            if over:
-                r["known_bug"] = ("; ".join(over) + ": issue 23's limits (memory caps, commit stalls ≤ 50 ms) "
-                                  "are not built yet")
+            if slow and not fat:
+                r["known_bug"] = ("; ".join(slow) + ": a big commit holds the engine lock for its whole "
+                                  "publication (docs/LIMITS.md 21)")
             self.rows.append(r)
         self.notes += [f"hostile {name}: {n}" for n in rec.notes]
         if differs:

@@ -89,3 +89,40 @@ fn a_bad_cap_is_refused_at_mount() {
         assert!(!is_mounted(&mnt));
     }
 }
+
+/// The files txfs keeps for an unprivileged user's transaction (here a new
+/// file's staged content) are that user's while it lives, so that disk
+/// quotas count them; after the commit the file has its own owner.
+#[test]
+fn data_files_of_a_users_transaction_are_that_users() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    let mut m = Mount::start_with(&["allow_other"], |b| {
+        std::fs::create_dir(b.join("pub")).unwrap();
+        std::fs::set_permissions(b.join("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    });
+    m.restart_with_env("TXFS_STAGE_BYTES", "65536");
+    let mut cmd = Command::new(python());
+    cmd.uid(NOBODY).gid(NOBODY);
+    let mut a = Agent::spawn_cmd(cmd, m.mnt());
+    a.ok(&format!(
+        "root = os.open(M, os.O_RDONLY); fcntl.ioctl(root, {IOC_BEGIN}, bytes(8))\n\
+         f = os.open(M + '/pub/big', os.O_WRONLY | os.O_CREAT, 0o644)\n\
+         os.write(f, b'z' * 300000); os.close(f)"
+    ));
+    let owners: Vec<(u32, u64)> = std::fs::read_dir(m.backing().join(".txfs/data"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap())
+        .map(|md| (md.uid(), md.len()))
+        .collect();
+    assert!(owners.iter().any(|(uid, len)| *uid == NOBODY && *len >= 300_000), "data files: {owners:?}");
+    a.ok(&format!("fcntl.ioctl(root, {IOC_COMMIT}, bytes(8))"));
+    let md = std::fs::metadata(m.path("pub/big")).unwrap();
+    assert_eq!((md.uid(), md.len()), (NOBODY, 300_000));
+    a.ok("os.close(root)");
+    drop(a);
+    m.umount_clean();
+    let md = std::fs::metadata(m.backing().join("pub/big")).unwrap();
+    assert_eq!((md.uid(), md.gid(), md.mode() & 0o7777), (NOBODY, NOBODY, 0o644));
+}

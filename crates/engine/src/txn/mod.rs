@@ -166,11 +166,25 @@ impl Engine {
     }
 
     pub fn begin(&self) -> TxId {
+        self.begin_owned(None)
+    }
+
+    /// [`Engine::begin`] for the user `uid:gid`: the files the engine keeps
+    /// for the transaction (spilled data, staged new files, shadows) are
+    /// theirs while it lives, so that the backing's disk quotas count them
+    /// (SPEC §4a). Root's (0:0) stay the daemon's.
+    pub fn begin_as(&self, uid: u32, gid: u32) -> TxId {
+        self.begin_owned(Some((uid, gid)).filter(|o| *o != (0, 0)))
+    }
+
+    fn begin_owned(&self, owner: Option<(u32, u32)>) -> TxId {
         let mut st = self.lock();
         st.next_tx += 1;
         let id = TxId(st.next_tx);
         let start = st.seq;
-        st.txs.insert(id, Tx::new(id, start));
+        let mut t = Tx::new(id, start);
+        t.owner = owner;
+        st.txs.insert(id, t);
         st.stats.live_txs = st.txs.len() as u64;
         id
     }

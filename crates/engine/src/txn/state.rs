@@ -76,6 +76,9 @@ pub(crate) struct Tx {
     pub(super) page_ranges: u64,
     /// What the mount's count (`State::live_mem`) holds for it.
     pub(super) charged: u64,
+    /// The user it belongs to (`Engine::begin_as`): its data files are
+    /// theirs, so that the backing's quotas count them.
+    pub(super) owner: Option<(u32, u32)>,
     /// The transaction's spill data file and where its next bytes go.
     pub(super) spill: Option<(DataFileId, u64)>,
     /// Files it created whose content is staged in a data file.
@@ -118,6 +121,7 @@ impl Tx {
             counted: HashMap::new(),
             page_ranges: 0,
             charged: 0,
+            owner: None,
             spill: None,
             staged: HashMap::new(),
             shadows: HashMap::new(),

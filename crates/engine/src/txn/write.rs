@@ -265,12 +265,25 @@ impl State {
             Ok(f) => {
                 let epoch = self.journal.epoch;
                 self.data_files.insert(id, DataFile { file: Some(f), owner: Some(tx.id), len, epoch });
+                self.give_data_file(tx, id);
                 Some(id)
             }
             Err(e) => {
                 tracing::warn!("{}: {e} (spare data file dropped)", data_path(id).display());
                 let _ = self.storage.unlink(&data_path(id));
                 None
+            }
+        }
+    }
+
+    /// Gives the data file `id` to `tx`'s user, if it has one: its blocks
+    /// count against their quota (the checkpoint gives a staged file its
+    /// final owner, a shadow its file's; spill files are removed). Best
+    /// effort: a daemon that may not chown keeps them.
+    fn give_data_file(&self, tx: &Tx, id: DataFileId) {
+        if let Some((uid, gid)) = tx.owner {
+            if let Err(e) = self.storage.set_owner(&data_path(id), uid, gid) {
+                tracing::debug!("{}: {e} (kept by the daemon's user)", data_path(id).display());
             }
         }
     }
@@ -293,6 +306,7 @@ impl State {
         let path = data_path(id);
         let f = self.storage.open_file(&path, true).ctx(what, || path.display().to_string())?;
         f.set_len(0).ctx(what, || path.display().to_string())?;
+        self.give_data_file(tx, id);
         let epoch = self.journal.epoch;
         self.data_files.insert(id, DataFile { file: Some(f), owner: Some(tx.id), len: 0, epoch });
         Ok(id)

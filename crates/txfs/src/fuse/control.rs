@@ -162,7 +162,9 @@ impl TxFs {
                     self.txs.join(me, view);
                 } else {
                     let engine = &self.engine;
-                    let tx = self.gate.close_then(self.notifier(), || self.txs.begin(me, || engine.begin()));
+                    let tx = self
+                        .gate
+                        .close_then(self.notifier(), || self.txs.begin(me, || engine.begin_as(me.uid, me.gid)));
                     let tx = tx.map_err(|e| {
                         // Refused (a transaction of other credentials
                         // appeared meanwhile): the gate reopens if it can.
@@ -293,7 +295,7 @@ impl TxFs {
                         // (or by requests, which pin the gate) leaves it open.
                         let escape = if with_view { self.way_in(pid) } else { Some("no view".into()) };
                         let begin = || {
-                            let tx = self.engine.begin();
+                            let tx = self.engine.begin_as(me.uid, me.gid);
                             self.txs.add_tree(pid, caller, tx, starts, me.creds());
                             tx
                         };
