@@ -327,7 +327,7 @@ impl FileDelta {
     /// below its first extent (a commit's extents over an older commit's,
     /// the common case), the maps are joined without a lookup per extent —
     /// a commit of a million extents held the engine lock 0.3 s inserting
-    /// them one by one.
+    /// them one by one. A small `top` is inserted extent by extent.
     pub fn compose_owned(&mut self, top: FileDelta) {
         if top.cut != NO_CUT {
             self.ext.clip(top.cut);
@@ -339,7 +339,10 @@ impl FileDelta {
         };
         if self.ext.is_empty() {
             std::mem::swap(&mut self.ext, &mut ext);
-        } else if below {
+        } else if below && ext.len() >= self.ext.len() / 16 {
+            // `append` rebuilds the tree (linear in both): only when `top`
+            // is not much smaller, or a stream of one-extent commits over
+            // a big committed map would cost a copy each.
             self.ext.map.append(&mut ext.map);
         } else {
             for (o, e) in ext.map {
