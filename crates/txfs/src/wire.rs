@@ -436,7 +436,7 @@ mod tests {
         assert_eq!(BATCH, 0x4008_e70a);
         assert_eq!(BEGIN_FILE, 0xc040_e70b);
         assert_eq!(CACHE, 0x8020_e70c);
-        assert_eq!(TXS, 0x8608_e70d);
+        assert_eq!(TXS, 0x8708_e70d);
     }
 
     /// Each number carries its struct's size, and no struct has padding
