@@ -93,35 +93,41 @@ pub(crate) fn range_crc(s: &dyn Storage, id: DataFileId, off: u64, len: u64) -> 
 }
 
 /// The checksums of a record's data-file ranges, in its order. Small
-/// ranges are read a MiB window at a time: a transaction of many small
-/// spilled writes names hundreds of thousands of ranges, and a read (an
-/// open of the data file) per range held the engine lock for seconds.
+/// ranges are read a MiB window at a time, in data-file order (a record
+/// lists them by object, and a transaction's spill file holds them in the
+/// order it wrote them): a transaction of many small spilled writes names
+/// hundreds of thousands of ranges, and a read (an open of the data file)
+/// per range held the engine lock for seconds.
 pub(crate) fn range_crcs(s: &dyn Storage, refs: &[super::record::FileRef]) -> Result<Vec<u32>> {
     const WINDOW: u64 = 1 << 20;
+    let mut order: Vec<usize> = (0..refs.len()).collect();
+    order.sort_by_key(|&i| (refs[i].file, refs[i].file_off));
+    let mut out = vec![0u32; refs.len()];
     // (data file, offset of the window, its bytes)
     let mut win: Option<(u64, u64, Vec<u8>)> = None;
-    refs.iter()
-        .map(|r| {
-            let what = || data_path(DataFileId(r.file)).display().to_string();
-            if r.len > WINDOW / 4 {
-                return range_crc(s, DataFileId(r.file), r.file_off, r.len).ctx("data file checksum", what);
-            }
-            let inside = |(f, at, b): &(u64, u64, Vec<u8>)| {
-                *f == r.file && r.file_off >= *at && r.file_off + r.len <= at + b.len() as u64
-            };
-            if !win.as_ref().is_some_and(inside) {
-                let path = data_path(DataFileId(r.file));
-                let len = s.file_len(&path).ctx("data file checksum", what)?;
-                let n = len.saturating_sub(r.file_off).min(WINDOW).max(r.len) as usize;
-                let mut b = vec![0u8; n];
-                read_exact_at(s, &path, r.file_off, &mut b).ctx("data file checksum", what)?;
-                win = Some((r.file, r.file_off, b));
-            }
-            let (_, at, b) = win.as_ref().expect("just read");
-            let i = (r.file_off - at) as usize;
-            Ok(crc32c::crc32c(&b[i..i + r.len as usize]))
-        })
-        .collect()
+    for i in order {
+        let r = &refs[i];
+        let what = || data_path(DataFileId(r.file)).display().to_string();
+        if r.len > WINDOW / 4 {
+            out[i] = range_crc(s, DataFileId(r.file), r.file_off, r.len).ctx("data file checksum", what)?;
+            continue;
+        }
+        let inside = |(f, at, b): &(u64, u64, Vec<u8>)| {
+            *f == r.file && r.file_off >= *at && r.file_off + r.len <= at + b.len() as u64
+        };
+        if !win.as_ref().is_some_and(inside) {
+            let path = data_path(DataFileId(r.file));
+            let len = s.file_len(&path).ctx("data file checksum", what)?;
+            let n = len.saturating_sub(r.file_off).min(WINDOW).max(r.len) as usize;
+            let mut b = vec![0u8; n];
+            read_exact_at(s, &path, r.file_off, &mut b).ctx("data file checksum", what)?;
+            win = Some((r.file, r.file_off, b));
+        }
+        let (_, at, b) = win.as_ref().expect("just read");
+        let k = (r.file_off - at) as usize;
+        out[i] = crc32c::crc32c(&b[k..k + r.len as usize]);
+    }
+    Ok(out)
 }
 
 /// A retired journal kept to become the next epoch's (journal.rs,

@@ -208,7 +208,8 @@ impl State {
     /// set, its data files. It can only be aborted now.
     fn empty_doomed(&mut self, tx: &mut Tx, why: Doom) {
         self.discard_tx(tx);
-        tx.doomed = Some(why);
+        // A conflict it met first stays the reason (a rerun may succeed).
+        tx.doomed.get_or_insert(why);
         let parts = (
             std::mem::take(&mut tx.delta),
             std::mem::take(&mut tx.reads),

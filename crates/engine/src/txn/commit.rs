@@ -61,8 +61,8 @@ impl Engine {
         };
         if let Err(e) = sync_data_files(&*storage, &unsynced) {
             let mut st = self.lock();
-            if let Some(t) = st.txs.remove(&tx) {
-                st.discard_tx(&t);
+            if let Some(mut t) = st.txs.remove(&tx) {
+                st.discard_tx(&mut t);
                 st.stats.aborts += 1;
                 st.stats.live_txs = st.txs.len() as u64;
                 self.shared.copied.notify_all();
@@ -73,15 +73,17 @@ impl Engine {
             // Writes of this transaction still copying into its data files
             // finish first (`Tx::inflight`); the last one to end wakes us.
             let mut st = self.lock();
-            while let Some(t) = st.txs.get_mut(&tx).filter(|t| t.inflight > 0) {
+            // Not for a doomed one: its commit fails anyway, and a write
+            // whose reservation failed the cap never copies (nor ends).
+            while let Some(t) = st.txs.get_mut(&tx).filter(|t| t.inflight > 0 && t.doomed.is_none()) {
                 t.committing = true;
                 self.shared.copied.wait(&mut st);
             }
-            let t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
+            let mut t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
             st.stats.live_txs = st.txs.len() as u64;
             self.shared.copied.notify_all();
             if let Some(p) = st.poisoned() {
-                st.discard_tx(&t);
+                st.discard_tx(&mut t);
                 return Err(Error::Poisoned(p));
             }
             let r = commit_locked(&mut st, &self.shared.sync, t, durability == Durability::Durable);
@@ -104,9 +106,9 @@ impl Engine {
 
     pub fn abort(&self, tx: TxId) -> Result<()> {
         let mut st = self.lock();
-        let t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
+        let mut t = st.txs.remove(&tx).ok_or(Error::NoSuchTx(tx))?;
         self.shared.copied.notify_all();
-        st.discard_tx(&t);
+        st.discard_tx(&mut t);
         st.stats.aborts += 1;
         st.stats.live_txs = st.txs.len() as u64;
         if st.txs.is_empty() {
@@ -131,6 +133,11 @@ pub(super) fn commit_locked(
     sync_follows: bool,
 ) -> Result<(Lsn, Vec<ObjId>)> {
     let r = validate_and_publish(st, sync, &mut tx, sync_follows);
+    if r.is_err() {
+        // Every failure gives back what the transaction held (most paths
+        // did already; an encoding error did not).
+        st.discard_tx(&mut tx);
+    }
     st.bury(tx);
     r
 }

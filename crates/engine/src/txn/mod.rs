@@ -208,9 +208,18 @@ impl Engine {
                     Some(d) => Err(d.error(id)),
                     None => {
                         let r = f(&mut st, &mut t);
-                        // Past a cap the operation fails, whatever it did.
+                        // Past a cap the operation fails, whatever it did
+                        // (a conflict it met stays the reason: a rerun may
+                        // succeed). A commit waiting for this one's copies
+                        // must look again: it no longer waits for a doomed one.
                         match st.charge(&mut t) {
-                            Some(e) => Err(e),
+                            Some(e) => {
+                                self.shared.copied.notify_all();
+                                match r {
+                                    Err(c) if c.is_conflict() => Err(c),
+                                    _ => Err(e),
+                                }
+                            }
                             None => r,
                         }
                     }
@@ -229,7 +238,7 @@ impl Engine {
                 let out = match f(&mut st, &mut t) {
                     Ok(v) => {
                         if let Some(p) = poisoned.filter(|_| !t.delta.is_empty()) {
-                            st.discard_tx(&t);
+                            st.discard_tx(&mut t);
                             Err(Error::Poisoned(p))
                         } else if !t.delta.is_empty() {
                             commit_locked(&mut st, &self.shared.sync, t, false).map(|_| v)
@@ -238,7 +247,7 @@ impl Engine {
                         }
                     }
                     Err(e) => {
-                        st.discard_tx(&t);
+                        st.discard_tx(&mut t);
                         Err(e)
                     }
                 };

@@ -343,9 +343,10 @@ impl State {
 
     /// Removes the data files `tx` still owns (none of its bytes
     /// survive; a commit has already taken the ones its record names).
-    pub(super) fn discard_tx(&mut self, tx: &Tx) {
-        self.live_mem = self.live_mem.saturating_sub(tx.charged);
-        if tx.charged >= super::budget::TRIM_AFTER {
+    /// Idempotent: a second call finds nothing more to give back.
+    pub(super) fn discard_tx(&mut self, tx: &mut Tx) {
+        self.live_mem = self.live_mem.saturating_sub(std::mem::take(&mut tx.charged));
+        if tx.held() >= super::budget::TRIM_AFTER {
             self.trim = true;
         }
         for id in tx.data_file_ids() {

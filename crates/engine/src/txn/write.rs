@@ -498,7 +498,7 @@ impl Engine {
         let Some(mut t) = tx.and_then(|id| st.txs.remove(&id)) else {
             return Err(Error::NoSuchTx(tx.unwrap_or(TxId(0))));
         };
-        t.inflight -= 1;
+        t.inflight = t.inflight.saturating_sub(1);
         if t.inflight == 0 {
             // A commit of `t` may be waiting for its copies.
             self.shared.copied.notify_all();
