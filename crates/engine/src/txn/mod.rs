@@ -58,6 +58,7 @@
 //! * `commit.rs`: commit and abort; the record a commit journals.
 //! * `isolation.rs`: commit stamps and read sets (I2, I3).
 //! * `info.rs`: a read-only snapshot of live transactions (`txfs status`).
+//! * `changes.rs`: a live transaction's change set, path by path (`txfs diff`).
 //!
 //! ## Layers
 //! `storage`, `delta` and `log` know nothing of transactions. `state.rs`,
@@ -80,6 +81,7 @@ use crate::log::journal::SyncState;
 use crate::storage::{FileKind, Storage, Timestamp};
 pub use api::{Attr, DirEntry, Durability, Options, RenameFlags, SetAttr, Stats, IDLE_CHECKPOINT_MAX_NAMES, NAME_MAX};
 use commit::commit_locked;
+pub use changes::{what, Change};
 pub use info::TxInfo;
 use namespace::{check_name, reserved};
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -94,6 +96,7 @@ use std::time::Duration;
 
 pub(crate) mod api;
 mod budget;
+mod changes;
 mod commit;
 mod info;
 pub(crate) mod isolation;
