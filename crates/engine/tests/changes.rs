@@ -232,8 +232,8 @@ fn listing_records_no_read_and_both_sides_can_be_read() {
     let set = e.changes(t).unwrap();
     let c = at(&set, "a");
     let (old, new) = (c.old.as_ref().unwrap().obj, c.new.as_ref().unwrap().obj);
-    assert_eq!(e.read_change(t, old, false, 0, 100).unwrap(), b"hello\n");
-    assert_eq!(e.read_change(t, new, true, 0, 100).unwrap(), b"HEllo\n");
+    assert_eq!(e.read_change(t, old, false, 0, 100).unwrap().1, b"hello\n");
+    assert_eq!(e.read_change(t, new, true, 0, 100).unwrap().1, b"HEllo\n");
     // Someone else changes `d/b` and `a`'s metadata; listing read neither,
     // so the transaction still commits.
     put(&e, None, "d/b", b"other");

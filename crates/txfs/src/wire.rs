@@ -29,6 +29,7 @@
 //! BEGIN_FILE       11  WR   BeginFile (last_tx)      BeginFile
 //! CACHE            12  R    -                        Cache (`txfs status` only; not in txfs.h)
 //! TXS              13  R    -                        Txs   (`txfs status` only; not in txfs.h)
+//! CHANGES          14  WR   Changes                  Changes (a page of the change set)
 //! ```
 
 use std::mem::{offset_of, size_of};
@@ -80,12 +81,40 @@ impl Field for u64 {
     }
 }
 
-impl Field for [u8; 16] {
+impl Field for u8 {
     fn put(&self, out: &mut [u8]) {
-        out[..16].copy_from_slice(self);
+        out[0] = *self;
     }
     fn get(b: &[u8]) -> Self {
-        b[..16].try_into().expect("16 bytes")
+        b[0]
+    }
+}
+
+/// The bytes a [`Changes`] answer carries.
+pub const CHANGES_DATA: usize = 16320;
+
+/// [`Changes::data`]: a plain byte array too long for `Default`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Page(pub [u8; CHANGES_DATA]);
+
+impl Default for Page {
+    fn default() -> Self {
+        Page([0; CHANGES_DATA])
+    }
+}
+
+impl std::fmt::Debug for Page {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Page({} bytes)", CHANGES_DATA)
+    }
+}
+
+impl Field for Page {
+    fn put(&self, out: &mut [u8]) {
+        out[..CHANGES_DATA].copy_from_slice(&self.0);
+    }
+    fn get(b: &[u8]) -> Self {
+        Page(b[..CHANGES_DATA].try_into().expect("a page"))
     }
 }
 
@@ -309,6 +338,160 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// CHANGES: a page of a live transaction's change set, or of one side
+    /// of one changed file (`txfs diff`, `txfs run --dry-run`,
+    /// `txfs_changes`). The listing is a snapshot taken at offset 0; later
+    /// pages name it by `snap` (ESTALE: a newer listing replaced it, start
+    /// again). Its records: [`encode_change`].
+    Changes = "txfs_ioc_changes" {
+        /// 0: the caller's own transaction (thread, `txfs run` tree or
+        /// view); else the `txfs run` tree of this pid, asked by the
+        /// process that registered it.
+        pid: u32,
+        /// [`CHANGES_LIST`], [`CHANGES_OLD`] or [`CHANGES_NEW`].
+        op: u32,
+        /// LIST: a byte offset in the listing; OLD, NEW: in the file.
+        offset: u64,
+        /// OLD, NEW: the change's position in the listing.
+        index: u64,
+        /// Out: LIST: the listing's length in bytes; OLD, NEW: the file's size.
+        total: u64,
+        /// Out: bytes of `data` that are set.
+        len: u32,
+        /// In (offset > 0, OLD, NEW) and out: the listing's snapshot.
+        snap: u32,
+        /// Out: [`CHANGES_LOST`].
+        flags: u32,
+        reserved: u32,
+        data: Page,
+    }
+}
+
+pub const CHANGES_LIST: u32 = 1;
+/// The committed content of a change's file (before).
+pub const CHANGES_OLD: u32 = 2;
+/// Its content as the transaction would commit it (after).
+pub const CHANGES_NEW: u32 = 3;
+/// [`Changes::flags`]: the transaction already lost a conflict (its commit
+/// will fail; a rerun may see other data).
+pub const CHANGES_LOST: u32 = 0x1;
+
+/// [`ChangeRec::what`] bits (txfs_engine::what, by value).
+pub mod what {
+    pub const CREATED: u32 = 0x1;
+    pub const DELETED: u32 = 0x2;
+    pub const MODIFIED: u32 = 0x4;
+    pub const RENAMED: u32 = 0x8;
+    pub const LINKED: u32 = 0x10;
+    pub const MODE: u32 = 0x20;
+    pub const OWNER: u32 = 0x40;
+    pub const XATTR: u32 = 0x80;
+    pub const TIMES: u32 = 0x100;
+    pub const REPLACED: u32 = 0x200;
+}
+
+/// One record of a CHANGES listing, as the clients decode it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChangeRec {
+    pub what: u32,
+    /// `S_IFMT` bits of what the path names (named before, if deleted).
+    pub kind: u32,
+    /// `st_mode`, uid, gid and size before (0: nothing before) and after.
+    pub old_mode: u32,
+    pub new_mode: u32,
+    pub old_uid: u32,
+    pub old_gid: u32,
+    pub new_uid: u32,
+    pub new_gid: u32,
+    pub old_size: u64,
+    pub new_size: u64,
+    /// Bytes written into the file.
+    pub bytes: u64,
+    /// Below a created or deleted directory: what was created or deleted with it.
+    pub files: u64,
+    pub dirs: u64,
+    pub path: Vec<u8>,
+    /// Empty unless renamed.
+    pub from: Vec<u8>,
+    pub old_target: Vec<u8>,
+    pub target: Vec<u8>,
+    /// Names of extended attributes set or removed.
+    pub xattrs: Vec<Vec<u8>>,
+}
+
+/// Bytes of a record before its strings.
+pub const CHANGE_HEAD: usize = 80;
+
+/// A record's bytes: its length (u32, all of it), `what`, `kind`, modes,
+/// uids and gids (u32 each), a u32 0, sizes, bytes, files and dirs (u64
+/// each), then five strings, each a u32 length and its bytes: path, from,
+/// old target, target, and the xattr names each followed by a NUL. All
+/// little-endian.
+pub fn encode_change(c: &ChangeRec, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for v in [c.what, c.kind, c.old_mode, c.new_mode, c.old_uid, c.old_gid, c.new_uid, c.new_gid, 0] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [c.old_size, c.new_size, c.bytes, c.files, c.dirs] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    let xattrs: Vec<u8> = c.xattrs.iter().flat_map(|x| x.iter().copied().chain([0])).collect();
+    for s in [&c.path, &c.from, &c.old_target, &c.target, &xattrs] {
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        out.extend_from_slice(s);
+    }
+    let len = (out.len() - start) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// The records of a whole listing, or `None` if it is not exactly some.
+pub fn decode_changes(mut b: &[u8]) -> Option<Vec<ChangeRec>> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let len = u32::get(b.get(..4)?) as usize;
+        let rec = b.get(..len).filter(|_| len >= CHANGE_HEAD)?;
+        let u = |i: usize| u32::get(&rec[4 + 4 * i..]);
+        let q = |i: usize| u64::get(&rec[40 + 8 * i..]);
+        let mut strs = Vec::with_capacity(5);
+        let mut at = CHANGE_HEAD;
+        for _ in 0..5 {
+            let n = u32::get(rec.get(at..at + 4)?) as usize;
+            strs.push(rec.get(at + 4..at + 4 + n)?.to_vec());
+            at += 4 + n;
+        }
+        if at != len {
+            return None;
+        }
+        let x = strs.pop()?;
+        let xattrs = x.split(|&c| c == 0).filter(|n| !n.is_empty()).map(<[u8]>::to_vec).collect();
+        let [path, from, old_target, target]: [Vec<u8>; 4] = strs.try_into().ok()?;
+        out.push(ChangeRec {
+            what: u(0),
+            kind: u(1),
+            old_mode: u(2),
+            new_mode: u(3),
+            old_uid: u(4),
+            old_gid: u(5),
+            new_uid: u(6),
+            new_gid: u(7),
+            old_size: q(0),
+            new_size: q(1),
+            bytes: q(2),
+            files: q(3),
+            dirs: q(4),
+            path,
+            from,
+            old_target,
+            target,
+            xattrs,
+        });
+        b = &b[len..];
+    }
+    Some(out)
+}
+
 /// [`TxInfo::kind`]: begun by a thread (TXFS_IOC_BEGIN, libtxfs, Python).
 pub const TX_THREAD: u32 = 1;
 /// [`TxInfo::kind`]: a `txfs run` process tree.
@@ -340,6 +523,8 @@ pub const BEGIN_FILE: u32 = iowr(11, BeginFile::SIZE);
 pub const CACHE: u32 = ior(12, Cache::SIZE);
 /// The live transactions (`txfs status`).
 pub const TXS: u32 = ior(13, Txs::SIZE);
+/// A live transaction's change set, a page at a time.
+pub const CHANGES: u32 = iowr(14, Changes::SIZE);
 
 /// Every ioctl: its name in txfs.h (without `TXFS_IOC_`), its number, and
 /// the C name of its argument.
@@ -358,6 +543,7 @@ pub const IOCTLS: &[(&str, u32, &str)] = &[
     ("BEGIN_FILE", BEGIN_FILE, BeginFile::C_NAME),
     ("CACHE", CACHE, Cache::C_NAME),
     ("TXS", TXS, Txs::C_NAME),
+    ("CHANGES", CHANGES, Changes::C_NAME),
 ];
 
 /// Every argument struct: C name, size, fields.
@@ -373,6 +559,7 @@ pub const STRUCTS: &[(&str, usize, &[FieldLayout])] = &[
     (Cache::C_NAME, Cache::SIZE, Cache::FIELDS),
     (TxInfo::C_NAME, TxInfo::SIZE, TxInfo::FIELDS),
     (Txs::C_NAME, Txs::SIZE, Txs::FIELDS),
+    (Changes::C_NAME, Changes::SIZE, Changes::FIELDS),
 ];
 
 /// Used by the daemon and `txfs status` only: not in the clients' copies.
@@ -437,6 +624,29 @@ mod tests {
         assert_eq!(BEGIN_FILE, 0xc040_e70b);
         assert_eq!(CACHE, 0x8020_e70c);
         assert_eq!(TXS, 0x8708_e70d);
+        assert_eq!(CHANGES, 0xfff0_e70e);
+    }
+
+    #[test]
+    fn change_records_round_trip_and_a_cut_listing_is_refused() {
+        let a = ChangeRec {
+            what: what::RENAMED | what::MODIFIED,
+            kind: 0o100000,
+            old_size: 3,
+            new_size: 1 << 40,
+            path: b"d/new name".to_vec(),
+            from: b"old".to_vec(),
+            xattrs: vec![b"user.a".to_vec(), b"user.b".to_vec()],
+            ..ChangeRec::default()
+        };
+        let b = ChangeRec { what: what::CREATED, target: b"../x".to_vec(), path: b"l".to_vec(), ..Default::default() };
+        let mut out = Vec::new();
+        encode_change(&a, &mut out);
+        assert_eq!(u32::get(&out), out.len() as u32);
+        encode_change(&b, &mut out);
+        assert_eq!(decode_changes(&out), Some(vec![a, b]));
+        assert_eq!(decode_changes(&out[..out.len() - 1]), None);
+        assert_eq!(decode_changes(&[]), Some(vec![]));
     }
 
     /// Each number carries its struct's size, and no struct has padding

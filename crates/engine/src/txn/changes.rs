@@ -294,7 +294,8 @@ impl State {
             }
         }
         // Content and attributes of objects that existed.
-        let mut objs: Vec<ObjId> = tx.delta.objs.keys().copied().filter(|o| !tx.delta.created.contains_key(o)).collect();
+        let mut objs: Vec<ObjId> =
+            tx.delta.objs.keys().copied().filter(|o| !tx.delta.created.contains_key(o)).collect();
         objs.sort();
         for o in objs {
             let od = &tx.delta.objs[&o];
@@ -357,8 +358,11 @@ fn finish(mut out: Vec<Change>) -> Vec<Change> {
                 prev.what |= what::REPLACED;
                 if prev.what & what::CREATED != 0 && old.kind == prev.kind {
                     // A new file in the old one's place: to the user, its
-                    // content changed.
-                    prev.what = (prev.what & !what::CREATED) | what::MODIFIED;
+                    // content changed. (Another kind: just replaced.)
+                    prev.what &= !what::CREATED;
+                    if prev.kind == FileKind::File {
+                        prev.what |= what::MODIFIED;
+                    }
                     if let (Some(o), Some(n)) = (&old.old, &prev.new) {
                         if o.mode != n.mode {
                             prev.what |= what::MODE;
@@ -390,7 +394,8 @@ fn finish(mut out: Vec<Change>) -> Vec<Change> {
         let (w, is_dir) = (folded[i].what, folded[i].kind == FileKind::Dir);
         for &d in &open {
             let dw = folded[d].what;
-            let same = (dw & what::CREATED != 0 && w & what::CREATED != 0) || (dw == what::DELETED && w == what::DELETED);
+            let same =
+                (dw & what::CREATED != 0 && w & what::CREATED != 0) || (dw == what::DELETED && w == what::DELETED);
             if same {
                 if is_dir {
                     folded[d].dirs += 1;
@@ -417,14 +422,15 @@ impl Engine {
         r
     }
 
-    /// Up to `len` bytes at `off` of `o` as the committed state has it
-    /// (`new = false`) or as `tx` would commit it: the two sides of a
-    /// change's diff. Records no read.
-    pub fn read_change(&self, tx: TxId, o: ObjId, new: bool, off: u64, len: usize) -> Result<Vec<u8>> {
+    /// `o`'s attributes and up to `len` bytes at `off` of it, as the
+    /// committed state has it (`new = false`) or as `tx` would commit it:
+    /// the two sides of a change's diff. Records no read.
+    pub fn read_change(&self, tx: TxId, o: ObjId, new: bool, off: u64, len: usize) -> Result<(Attr, Vec<u8>)> {
         let st = self.lock();
         let t = st.txs.get(&tx).ok_or(Error::NoSuchTx(tx))?;
         let view = new.then_some(t);
-        st.kind_in(view, o)?;
-        st.read_content(view, o, off, len)
+        let a = st.attr_unrecorded(view, o)?;
+        let data = if a.kind == FileKind::File { st.read_content(view, o, off, len)? } else { Vec::new() };
+        Ok((a, data))
     }
 }

@@ -8,6 +8,7 @@
 //! progress line and byte counts for humans.
 
 mod busy;
+mod changes;
 mod check;
 mod mount;
 mod recover;
@@ -191,8 +192,43 @@ enum Cmd {
         /// Ordered commit: return once the order is fixed, durable later.
         #[arg(long)]
         ordered: bool,
+        /// Run CMD, print what it changed, and abort it all: nothing is
+        /// committed, whatever CMD's exit status (which is passed on).
+        #[arg(long, conflicts_with = "confirm")]
+        dry_run: bool,
+        /// After CMD exits 0, print what it changed and commit only on "y"
+        /// from the terminal (stdin); anything else aborts it.
+        #[arg(long)]
+        confirm: bool,
+        /// With --confirm: commit without asking (the changes are printed).
+        #[arg(long, requires = "confirm")]
+        yes: bool,
+        #[command(flatten)]
+        show: ShowArgs,
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         cmd: Vec<std::ffi::OsString>,
+    },
+    /// Print what the current transaction changed (in a shell under
+    /// `txfs run`): per path, created, deleted, modified, renamed, ...
+    ///
+    /// Lists the caller's own transaction on the mount: run it in a shell
+    /// started by `txfs run -- bash`, or from any process of such a run.
+    /// Listing records nothing: it cannot make the transaction conflict.
+    #[command(after_help = concat!(
+        "Examples:\n",
+        "  txfs run -- bash            # then, in that shell, after some changes:\n",
+        "  txfs diff                   # one line a path, like git status\n",
+        "  txfs diff --diff            # and unified diffs of text files, paged\n",
+        "  txfs diff --json | jq '.changes[] | select(.status == \"deleted\") | .path'\n\n",
+        "Exit status: 0; 1 if not in a transaction on a txfs mount.",
+    ))]
+    Diff {
+        /// The mount (default: $TXFS_MOUNT, or the only txfs mount, or the
+        /// one holding the current directory).
+        #[arg(long)]
+        mount: Option<PathBuf>,
+        #[command(flatten)]
+        show: ShowArgs,
     },
     /// Offline: replay the journal into BACKING, leaving plain files.
     ///
@@ -272,6 +308,26 @@ enum Cmd {
     Heal { mountpoint: PathBuf },
 }
 
+/// How `txfs diff`, `run --dry-run` and `run --confirm` print a change set.
+#[derive(clap::Args)]
+struct ShowArgs {
+    /// One JSON document (schema: docs/CHANGES.md) instead of lines.
+    #[arg(long)]
+    json: bool,
+    /// Also unified diffs of changed text files (binary ones summarized).
+    #[arg(long)]
+    diff: bool,
+    /// Also every path below a created or deleted directory.
+    #[arg(long)]
+    all: bool,
+}
+
+impl From<ShowArgs> for changes::Show {
+    fn from(a: ShowArgs) -> Self {
+        changes::Show { json: a.json, diff: a.diff, all: a.all }
+    }
+}
+
 /// Parses the command line (also as `mount.fuse.txfs`, which `mount -t
 /// fuse.txfs BACKING MNT -o opts` runs) and runs the subcommand.
 pub fn main() -> ExitCode {
@@ -281,7 +337,7 @@ pub fn main() -> ExitCode {
     // link, or `txfs#BACKING` in fstab) runs `txfs BACKING MNT -o opts`.
     let first = std::env::args_os().nth(1);
     let subcommands =
-        ["mount", "umount", "status", "run", "recover", "check", "completions", "help", "__man", "__heal"];
+        ["mount", "umount", "status", "run", "diff", "recover", "check", "completions", "help", "__man", "__heal"];
     let helper_form =
         first.as_ref().is_some_and(|a| !a.as_bytes().starts_with(b"-") && !subcommands.iter().any(|s| a == *s))
             && std::env::args_os().len() >= 3;
@@ -298,7 +354,16 @@ pub fn main() -> ExitCode {
         }
         Cmd::Umount { mountpoint } => umount::umount(&mountpoint),
         Cmd::Status { mountpoint, json, watch } => status::status(&mountpoint, json, watch),
-        Cmd::Run { retries, mount, ordered, cmd } => return run::run(mount.as_deref(), retries, ordered, &cmd),
+        Cmd::Run { retries, mount, ordered, dry_run, confirm, yes, show, cmd } => {
+            let show = show.into();
+            let review = match (dry_run, confirm) {
+                (true, _) => run::Review::DryRun(show),
+                (_, true) => run::Review::Confirm { show, yes },
+                _ => run::Review::None,
+            };
+            return run::run(mount.as_deref(), retries, ordered, review, &cmd);
+        }
+        Cmd::Diff { mount, show } => changes::diff_cmd(mount.as_deref(), show.into()),
         Cmd::Recover { backing, progress, accept_loss } => recover::recover(&backing, progress, accept_loss),
         Cmd::Check { backing, progress } => match check::check(&backing, progress) {
             Ok(true) => Ok(()),

@@ -13,6 +13,7 @@
 //! Other processes keep seeing the shared mount. Without the view (not
 //! root, an old daemon) requests are attributed by the process tree.
 
+use super::changes::{print, Show, Source};
 use crate::attribution::mountinfo;
 use crate::wire;
 use std::ffi::{CString, OsString};
@@ -138,7 +139,39 @@ impl Drop for View {
     }
 }
 
-pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) -> ExitCode {
+/// What `txfs run` does with the change set before it ends the transaction.
+#[derive(Clone, Copy, Default)]
+pub(super) enum Review {
+    /// Commit when CMD exits 0, as always.
+    #[default]
+    None,
+    /// `--dry-run`: print the change set, then abort whatever CMD did.
+    DryRun(Show),
+    /// `--confirm`: print it after CMD exits 0, then commit only on "y"
+    /// from the terminal, or at once with `--yes`.
+    Confirm { show: Show, yes: bool },
+}
+
+/// Asks on the terminal whether to commit; false unless "y" or "yes".
+fn confirmed() -> bool {
+    eprint!("txfs run: commit these changes? [y/N] ");
+    let mut answer = String::new();
+    if std::io::stdin().read_line(&mut answer).is_err() {
+        return false;
+    }
+    matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
+}
+
+pub(super) fn run(mount: Option<&Path>, retries: u32, ordered: bool, review: Review, cmd: &[OsString]) -> ExitCode {
+    use std::io::IsTerminal;
+    if let Review::Confirm { yes: false, .. } = review {
+        if !std::io::stdin().is_terminal() {
+            eprintln!(
+                "txfs run: --confirm asks on the terminal, and stdin is not one (add --yes to commit without asking)"
+            );
+            return ExitCode::from(EX_SOFTWARE);
+        }
+    }
     let point = match mountinfo::resolve(mount, cmd) {
         Ok(p) => p,
         Err(e) => {
@@ -318,6 +351,57 @@ pub fn run(mount: Option<&Path>, retries: u32, ordered: bool, cmd: &[OsString]) 
         } else {
             EX_SOFTWARE as i32
         };
+        let src = Source { mount: &dir, pid: pid as u32 };
+        let listing = match review {
+            Review::DryRun(_) => Some(src.list()),
+            Review::Confirm { .. } if code == 0 => Some(src.list()),
+            _ => None,
+        };
+        let changes = |show: Show| match listing.as_ref().map(|l| l.as_ref().map_err(|e| e.to_string())) {
+            Some(Ok(l)) => match print(&src, l, show) {
+                Ok(()) => true,
+                Err(e) => {
+                    eprintln!("txfs run: cannot print the changes: {e}");
+                    false
+                }
+            },
+            Some(Err(e)) => {
+                eprintln!("txfs run: cannot list the changes: {e}");
+                false
+            }
+            None => false,
+        };
+        // A command that failed because it lost a conflict is rerun, as
+        // always; its changes are not worth showing.
+        let lost_first = code != 0 && matches!(&listing, Some(Ok(l)) if l.lost);
+        if let (Review::DryRun(show), false) = (review, lost_first) {
+            let listed = changes(show);
+            let _ = run_ioctl(&dir, pid as u32, wire::RUN_ABORT, 0, -1);
+            eprintln!("txfs run: dry run: nothing of the command was committed");
+            return ExitCode::from(if listed { code as u8 } else { EX_SOFTWARE });
+        }
+        if let (Review::Confirm { show, yes }, 0) = (review, code) {
+            if !changes(show) || !(yes || confirmed()) {
+                let _ = run_ioctl(&dir, pid as u32, wire::RUN_ABORT, 0, -1);
+                eprintln!("txfs run: not committed: nothing of the command survived");
+                return ExitCode::from(1);
+            }
+            return match run_ioctl(&dir, pid as u32, wire::RUN_COMMIT, flags, -1) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.raw_os_error() == Some(libc::EDEADLK) => {
+                    // Not rerun: the answer was about these changes.
+                    eprintln!(
+                        "txfs run: conflict: another commit changed what the command read while you decided; \
+                         nothing of the command survived"
+                    );
+                    ExitCode::from(EX_TEMPFAIL)
+                }
+                Err(e) => {
+                    eprintln!("txfs run: commit failed: {e}: nothing of the command survived");
+                    ExitCode::from(EX_SOFTWARE)
+                }
+            };
+        }
         if code != 0 {
             let lost = run_ioctl(&dir, pid as u32, wire::RUN_ABORT, 0, -1)
                 .is_err_and(|e| e.raw_os_error() == Some(libc::EDEADLK));

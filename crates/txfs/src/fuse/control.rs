@@ -96,11 +96,22 @@ impl TxFs {
             None => return Err(Errno::EBADF),
         }
         let a = self.engine.getattr(self.tx_of(c), self.obj(ino)).map_err(|e| errno(&e))?;
-        if a.kind == FileKind::Dir || c.uid == 0 {
-            return Ok(());
+        if a.kind == FileKind::Dir || self.may_read_attr(c, &a) {
+            Ok(())
+        } else {
+            Err(Errno::EACCES)
+        }
+    }
+
+    /// Whether the caller's credentials may read a file of attributes `a`
+    /// by its mode: owner, group (the header's, or a supplementary one
+    /// from /proc, read only when that decides) or other; root always.
+    pub(super) fn may_read_attr(&self, c: Caller, a: &txfs_engine::Attr) -> bool {
+        if c.uid == 0 {
+            return true;
         }
         let (group, other) = (a.mode & 0o040 != 0, a.mode & 0o004 != 0);
-        let ok = if a.uid == c.uid {
+        if a.uid == c.uid {
             a.mode & 0o400 != 0
         } else if a.gid == c.gid {
             group
@@ -110,11 +121,6 @@ impl TxFs {
             group
         } else {
             other
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(Errno::EACCES)
         }
     }
 
@@ -386,6 +392,7 @@ impl TxFs {
                 Ok((wire::Cache { open, cached_replies, closes, attr_requests }.encode(), Vec::new()))
             }
             wire::TXS => Ok((self.live_txs().encode(), Vec::new())),
+            wire::CHANGES => Ok((self.changes(me, data)?, Vec::new())),
             wire::STATE => Ok((self.state(me).encode(), Vec::new())),
             _ => Err(Errno::from_i32(libc::ENOTTY)),
         }

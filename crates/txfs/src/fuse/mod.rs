@@ -57,6 +57,7 @@
 //! transaction ([`end_tx`]) and the invalidation thread that drops cached
 //! pages before a reply is sent.
 mod cache_gate;
+mod changes;
 mod control;
 mod nodes;
 mod ops;
@@ -158,6 +159,8 @@ pub struct TxFs {
     attr_requests: AtomicU64,
     /// The daemon's knobs, read once at its start.
     config: Arc<Config>,
+    /// The latest change set listing of each transaction (CHANGES).
+    listings: Arc<changes::Listings>,
 }
 
 /// An open directory's transaction (of the opener) and its listing, taken at
@@ -426,6 +429,8 @@ impl TxFs {
         let paged: Arc<Paged> = Arc::default();
         let (e, t, p, g, inval) = (engine.clone(), txs.clone(), private.clone(), gate.clone(), tx.clone());
         let (vs, pg) = (views.clone(), paged.clone());
+        let listings: Arc<changes::Listings> = Arc::default();
+        let ls = listings.clone();
         std::thread::Builder::new()
             .name("txfs-reaper".into())
             .spawn(move || loop {
@@ -435,6 +440,7 @@ impl TxFs {
                     tracing::info!(tx = %dead, "owner exited with the transaction open: aborting it");
                     let (_, pages, _) = end_tx(&e, Some(&p), &g, None, Some(&vs), dead, None);
                     t.forget(dead);
+                    ls.forget(dead);
                     let _ = inval.send((pg.keep(pages), Box::new(|| {})));
                 }
             })
@@ -469,6 +475,7 @@ impl TxFs {
             }),
             attr_requests: AtomicU64::new(0),
             config,
+            listings,
         }
     }
 
@@ -500,6 +507,7 @@ impl TxFs {
         let (private, views) = (s.map(|s| &*s.private), s.map(|s| &*s.views));
         let (r, pages, heal) = end_tx(&self.engine, private, self.shared_gate(), self.notifier(), views, tx, commit);
         self.txs.forget(tx);
+        self.listings.forget(tx);
         self.heal_after_commit(heal);
         (r, pages)
     }

@@ -74,6 +74,7 @@ impl TxFs {
             role: Role::View { tx, shared_gate: self.gate.clone() },
             attr_requests: AtomicU64::new(0),
             config: self.config.clone(),
+            listings: self.listings.clone(),
         }
     }
 
