@@ -318,7 +318,9 @@ wire_struct! {
         /// [`TX_THREAD`], [`TX_RUN`] or 0 (not known); [`TX_DOOMED`] added
         /// when it already lost a conflict or went past a cap.
         kind: u32,
-        reserved: u32,
+        /// Paths it touched (names set or removed, objects changed in
+        /// place; at most u32::MAX): `txfs diff` lists them.
+        paths: u32,
         /// Memory it holds in the daemon, as its caps count it (`-o tx_mem`).
         mem: u64,
     }

@@ -86,6 +86,8 @@ fn status_lists_live_transactions() {
     assert!(t["reads"].as_u64().unwrap() >= 1, "read set: {s}");
     assert!(t["mem"].as_u64().unwrap() >= 100_000, "memory its caps count, its bytes in memory too: {s}");
     assert!(t["age_s"].as_f64().unwrap() >= 0.3, "age: {s}");
+    assert_eq!(t["paths"].as_u64(), Some(1), "paths touched: `big`: {s}");
+    assert_eq!(r["paths"].as_u64(), Some(1), "paths touched: `by-run`: {s}");
     assert_eq!(r["pid"].as_u64(), Some(run.id() as u64), "the txfs run that owns the tree: {s}");
     assert!(r["age_s"].as_f64().unwrap() >= t["age_s"].as_f64().unwrap(), "the older first: {s}");
     let text = String::from_utf8(m.txfs().arg("status").arg(m.mnt()).output().unwrap().stdout).unwrap();
@@ -96,7 +98,7 @@ fn status_lists_live_transactions() {
         [std::process::id().to_string().as_str(), t["uid"].to_string().as_str(), "thread"],
         "{text}"
     );
-    assert!(text.contains("PID") && text.contains("READS") && text.contains("MEM") && text.contains(" run "), "{text}");
+    assert!(text.contains("PID") && text.contains("READS") && text.contains("MEM") && text.contains("PATHS") && text.contains(" run "), "{text}");
     m.abort().unwrap();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };

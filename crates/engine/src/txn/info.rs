@@ -21,6 +21,10 @@ pub struct TxInfo {
     /// Memory it holds in the daemon, by the count its caps are held to
     /// (`Options::tx_mem`; budget.rs).
     pub mem: u64,
+    /// Paths it touched, as counted without working the change set out:
+    /// names it set or removed, and objects whose content or attributes
+    /// (explicitly) it changed in place.
+    pub paths: u64,
 }
 
 impl Engine {
@@ -38,6 +42,14 @@ impl Engine {
                     reads: t.read_entries(),
                     doomed: t.doomed.is_some(),
                     mem: t.held(),
+                    paths: t.delta.dirs.values().map(|d| d.len() as u64).sum::<u64>()
+                        + t.delta
+                            .objs
+                            .iter()
+                            .filter(|(o, d)| {
+                                !t.delta.created.contains_key(o) && (d.file.is_some() || t.explicit.contains(o))
+                            })
+                            .count() as u64,
                 }
             })
             .collect();

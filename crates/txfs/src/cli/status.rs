@@ -72,7 +72,7 @@ fn txs_json(txs: &[wire::TxInfo]) -> serde_json::Value {
         .map(|t| {
             json!({
                 "tx": t.tx, "pid": t.pid, "uid": t.uid, "kind": kind_name(t.kind),
-                "age_s": t.age_ms as f64 / 1000.0, "bytes": t.bytes, "reads": t.reads, "mem": t.mem,
+                "age_s": t.age_ms as f64 / 1000.0, "bytes": t.bytes, "reads": t.reads, "mem": t.mem, "paths": t.paths,
                 "doomed": t.kind & wire::TX_DOOMED != 0,
             })
         })
@@ -89,18 +89,19 @@ fn txs_text(txs: &[wire::TxInfo], total: u32) -> String {
         if total as usize > txs.len() { format!(" (oldest {} of {total})", txs.len()) } else { String::new() }
     );
     s += &format!(
-        "    {:<8} {:>8} {:>6} {:<6} {:>9} {:>10} {:>8} {:>10}\n",
-        "TX", "PID", "UID", "KIND", "AGE", "BYTES", "READS", "MEM"
+        "    {:<8} {:>8} {:>6} {:<6} {:>9} {:>8} {:>10} {:>8} {:>10}\n",
+        "TX", "PID", "UID", "KIND", "AGE", "PATHS", "BYTES", "READS", "MEM"
     );
     for t in txs {
         let doomed = if t.kind & wire::TX_DOOMED != 0 { "  (doomed: can only abort)" } else { "" };
         s += &format!(
-            "    {:<8} {:>8} {:>6} {:<6} {:>8.1}s {:>10} {:>8} {:>10}{doomed}\n",
+            "    {:<8} {:>8} {:>6} {:<6} {:>8.1}s {:>8} {:>10} {:>8} {:>10}{doomed}\n",
             format!("tx#{}", t.tx),
             t.pid,
             t.uid,
             kind_name(t.kind),
             t.age_ms as f64 / 1000.0,
+            t.paths,
             human(t.bytes),
             t.reads,
             human(t.mem)

@@ -64,7 +64,7 @@ impl TxFs {
                 pid,
                 uid: origin.map_or(0, |o| o.uid),
                 kind: kind | if i.doomed { wire::TX_DOOMED } else { 0 },
-                reserved: 0,
+                paths: i.paths.min(u32::MAX as u64) as u32,
                 mem: i.mem,
             };
             out.count += 1;
