@@ -399,21 +399,27 @@ fn diff(src: &Source, snap: u32, i: usize, c: &ChangeRec, out: &mut dyn Write) -
 pub(super) fn print(src: &Source, l: &Listing, show: Show) -> io::Result<()> {
     let (snap, recs) = (l.snap, &l.recs);
     let mut pager = Pager::start(!show.json);
-    let out: &mut dyn Write = pager.writer();
+    // Buffered: stdout is line-buffered, a pager's pipe not at all; one
+    // write a line made a listing of 100 000 paths take seconds.
+    let mut buffered = io::BufWriter::with_capacity(1 << 16, pager.writer());
+    let out: &mut dyn Write = &mut buffered;
     let r = (|| -> io::Result<()> {
         if show.json {
+            // One change a line, written as it is made: a document of
+            // 100 000 changes built whole took 390 MB.
             let mut t = Tally::default();
-            recs.iter().for_each(|c| t.add(c));
-            let v = serde_json::json!({
-                "changes": recs.iter().map(json).collect::<Vec<_>>(),
-                "summary": {
-                    "paths": recs.len(),
-                    "created": t.created, "deleted": t.deleted, "modified": t.modified,
-                    "renamed": t.renamed, "other": t.other, "bytes_written": t.bytes,
-                },
+            writeln!(out, "{{\"changes\": [")?;
+            for (i, c) in recs.iter().enumerate() {
+                t.add(c);
+                serde_json::to_writer(&mut *out, &json(c))?;
+                writeln!(out, "{}", if i + 1 < recs.len() { "," } else { "" })?;
+            }
+            let summary = serde_json::json!({
+                "paths": recs.len(),
+                "created": t.created, "deleted": t.deleted, "modified": t.modified,
+                "renamed": t.renamed, "other": t.other, "bytes_written": t.bytes,
             });
-            serde_json::to_writer_pretty(&mut *out, &v)?;
-            return writeln!(out);
+            return writeln!(out, "],\n\"summary\": {summary}}}");
         }
         let mut t = Tally::default();
         recs.iter().for_each(|c| t.add(c));
@@ -428,7 +434,9 @@ pub(super) fn print(src: &Source, l: &Listing, show: Show) -> io::Result<()> {
             }
         }
         writeln!(out, "{}", t.line(recs.len()))
-    })();
+    })()
+    .and_then(|()| buffered.flush());
+    drop(buffered);
     pager.finish();
     match r {
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
