@@ -98,7 +98,14 @@ fn status_lists_live_transactions() {
         [std::process::id().to_string().as_str(), t["uid"].to_string().as_str(), "thread"],
         "{text}"
     );
-    assert!(text.contains("PID") && text.contains("READS") && text.contains("MEM") && text.contains("PATHS") && text.contains(" run "), "{text}");
+    assert!(
+        text.contains("PID")
+            && text.contains("READS")
+            && text.contains("MEM")
+            && text.contains("PATHS")
+            && text.contains(" run "),
+        "{text}"
+    );
     m.abort().unwrap();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
