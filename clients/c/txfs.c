@@ -1,7 +1,8 @@
 /* txfs.c — the C client library of txfs (see txfs.h and SPEC.md §2).
  *
  * Every call resolves a mount and issues one ioctl of the wire protocol in
- * txfs.h on a descriptor of its root directory. Each thread remembers the
+ * txfs.h on a descriptor of its root directory (the change set's iterator,
+ * at the end of this file, issues one a page). Each thread remembers the
  * last mount it resolved and checked (its device number), and re-checks it
  * with statx(AT_STATX_DONT_SYNC), which the kernel answers from its own
  * inode. The outermost begin's descriptor serves the whole transaction, and
@@ -757,3 +758,275 @@ TXFS_API int fs_tx_begin(void) { return txfs_begin(NULL, 0); }
 TXFS_API int fs_tx_commit(void) { return txfs_commit(0); }
 
 TXFS_API int fs_tx_abort(void) { return txfs_abort(); }
+
+/* ---- the change set (TXFS_IOC_CHANGES) ---------------------------------- */
+/*
+ * An iterator holds one page of the listing, as the daemon answered it, and
+ * consumes its records in place; a record that straddles pages (or is longer
+ * than one) is gathered into `rec` as the next pages arrive. Each ioctl goes
+ * through mount_ioctl: the thread's transaction descriptor when the
+ * transaction is libtxfs's, else a descriptor opened for that one call.
+ */
+
+_Static_assert(sizeof(struct txfs_ioc_changes) == 48 + TXFS_CHANGES_DATA, "struct txfs_ioc_changes is packed");
+
+struct txfs_changes {
+    char mount[PATH_MAX];
+    uint32_t snap;                 /* the listing's snapshot on the daemon */
+    int lost;                      /* TXFS_CHANGES_LOST at the first page */
+    uint64_t total;                /* the listing's length */
+    uint64_t page_at;              /* listing offset of page.data[0] */
+    size_t used;                   /* bytes of the page consumed */
+    int failed;                    /* errno of a failure, which stays */
+    size_t next_index;
+    unsigned char *rec;            /* a record gathered across pages */
+    size_t rec_cap;
+    char *strs;                    /* the current change's strings */
+    size_t strs_cap;
+    struct txfs_ioc_changes *side; /* answers of txfs_change_read */
+    struct txfs_change cur;
+    struct txfs_ioc_changes page;
+};
+
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t le64(const unsigned char *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+
+/* `p` (of `*cap` bytes) grown to hold at least `n`: it, or its
+ * reallocation; NULL (ENOMEM) leaves `p` as it was. */
+static void *grow(void *p, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return p;
+    size_t c = *cap ? *cap : 256;
+    while (c < n)
+        c = c > SIZE_MAX / 2 ? n : c * 2;
+    void *q = realloc(p, c);
+    if (q)
+        *cap = c;
+    return q;
+}
+
+/* Ask for the page of the listing at `offset` (0: a new snapshot). */
+static int changes_fetch(txfs_changes_t *it, uint64_t offset)
+{
+    memset(&it->page, 0, offsetof(struct txfs_ioc_changes, data));
+    it->page.op = TXFS_CHANGES_LIST;
+    it->page.offset = offset;
+    it->page.snap = offset ? it->snap : 0;
+    if (mount_ioctl(it->mount, TXFS_IOC_CHANGES, &it->page) != 0)
+        return -1;
+    if (it->page.len > TXFS_CHANGES_DATA || (offset && (it->page.snap != it->snap || it->page.total != it->total))) {
+        errno = EPROTO;
+        return -1;
+    }
+    it->page_at = offset;
+    it->used = 0;
+    return 0;
+}
+
+/* The next `n` bytes of the listing, consumed: in the page, or gathered
+ * into `rec` from as many pages as they span. Valid until the next call. */
+static const unsigned char *changes_take(txfs_changes_t *it, size_t n)
+{
+    if (it->page.len - it->used >= n) {
+        const unsigned char *p = it->page.data + it->used;
+        it->used += n;
+        return p;
+    }
+    unsigned char *rec = grow(it->rec, &it->rec_cap, n);
+    if (!rec)
+        return NULL;
+    it->rec = rec;
+    for (size_t got = 0; got < n;) {
+        size_t avail = it->page.len - it->used;
+        if (avail == 0) {
+            uint64_t at = it->page_at + it->page.len;
+            if (at >= it->total) {
+                errno = EPROTO; /* the listing ends inside a record */
+                return NULL;
+            }
+            if (changes_fetch(it, at) != 0)
+                return NULL;
+            if (it->page.len == 0) {
+                errno = EPROTO;
+                return NULL;
+            }
+            continue;
+        }
+        size_t k = avail < n - got ? avail : n - got;
+        memcpy(it->rec + got, it->page.data + it->used, k);
+        it->used += k;
+        got += k;
+    }
+    return it->rec;
+}
+
+TXFS_API txfs_changes_t *txfs_changes(void)
+{
+    txfs_changes_t *it = calloc(1, sizeof *it);
+    if (!it)
+        return NULL;
+    if (current_mount(it->mount, sizeof it->mount) != 0 || changes_fetch(it, 0) != 0) {
+        int e = errno;
+        free(it);
+        errno = e;
+        return NULL;
+    }
+    it->snap = it->page.snap;
+    it->total = it->page.total;
+    it->lost = (it->page.flags & TXFS_CHANGES_LOST) != 0;
+    if (it->total > 0 && it->page.len == 0) {
+        free(it);
+        errno = EPROTO;
+        return NULL;
+    }
+    return it;
+}
+
+/* Decode the record whose bytes after its length field are `b` (`len` - 4
+ * of them: offsets below are the record's, less 4) into it->cur; -1
+ * (EPROTO, ENOMEM). */
+static int changes_decode(txfs_changes_t *it, const unsigned char *b, size_t len)
+{
+    const unsigned char *s[5];
+    size_t n[5], at = TXFS_CHANGE_HEAD - 4, end = len - 4, room = 0;
+    for (int i = 0; i < 5; i++) {
+        if (end - at < 4 || end - at - 4 < le32(b + at)) {
+            errno = EPROTO;
+            return -1;
+        }
+        n[i] = le32(b + at);
+        s[i] = b + at + 4;
+        at += 4 + n[i];
+        room += n[i] + 1;
+    }
+    if (at != end || (n[4] > 0 && s[4][n[4] - 1] != '\0')) {
+        errno = EPROTO;
+        return -1;
+    }
+    char *strs = grow(it->strs, &it->strs_cap, room + 1);
+    if (!strs)
+        return -1;
+    it->strs = strs;
+    const char *p[5];
+    char *w = it->strs;
+    for (int i = 0; i < 5; i++) {
+        memcpy(w, s[i], n[i]);
+        w[n[i]] = '\0';
+        p[i] = w;
+        w += n[i] + 1;
+    }
+    *w = '\0'; /* the xattr names' list ends in two NULs, even when empty */
+    struct txfs_change *c = &it->cur;
+    uint32_t u[8];
+    for (int i = 0; i < 8; i++)
+        u[i] = le32(b + 4 * i); /* record offsets 4 .. 36; then a u32 0 */
+    c->what = u[0];
+    c->kind = u[1];
+    c->old_mode = u[2];
+    c->new_mode = u[3];
+    c->old_uid = u[4];
+    c->old_gid = u[5];
+    c->new_uid = u[6];
+    c->new_gid = u[7];
+    c->old_size = le64(b + 36); /* record offsets 40 .. 80 */
+    c->new_size = le64(b + 44);
+    c->bytes = le64(b + 52);
+    c->files = le64(b + 60);
+    c->dirs = le64(b + 68);
+    c->path = p[0];
+    c->from = p[1];
+    c->old_target = p[2];
+    c->target = p[3];
+    c->xattrs = p[4];
+    c->xattrs_len = n[4];
+    c->index = it->next_index;
+    return 0;
+}
+
+TXFS_API const struct txfs_change *txfs_changes_next(txfs_changes_t *it)
+{
+    if (!it) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (it->failed) {
+        errno = it->failed;
+        return NULL;
+    }
+    uint64_t at = it->page_at + it->used;
+    if (at >= it->total) {
+        errno = 0;
+        return NULL;
+    }
+    const unsigned char *head = changes_take(it, 4);
+    if (!head)
+        goto fail;
+    uint32_t len = le32(head);
+    if (len < TXFS_CHANGE_HEAD || len > it->total - at) {
+        errno = EPROTO;
+        goto fail;
+    }
+    const unsigned char *body = changes_take(it, len - 4);
+    if (!body || changes_decode(it, body, len) != 0)
+        goto fail;
+    it->next_index++;
+    errno = 0;
+    return &it->cur;
+fail:
+    it->failed = errno ? errno : EIO;
+    errno = it->failed;
+    return NULL;
+}
+
+TXFS_API ssize_t txfs_change_read(txfs_changes_t *it, const struct txfs_change *c, int new_side, uint64_t offset,
+                                  void *buf, size_t len)
+{
+    if (!it || !c || (!buf && len)) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (len > SSIZE_MAX)
+        len = SSIZE_MAX;
+    if (!it->side && !(it->side = malloc(sizeof *it->side)))
+        return -1;
+    struct txfs_ioc_changes *q = it->side;
+    size_t got = 0;
+    do {
+        memset(q, 0, offsetof(struct txfs_ioc_changes, data));
+        q->op = new_side ? TXFS_CHANGES_NEW : TXFS_CHANGES_OLD;
+        q->index = c->index;
+        q->offset = offset + got;
+        q->snap = it->snap;
+        if (mount_ioctl(it->mount, TXFS_IOC_CHANGES, q) != 0)
+            return got ? (ssize_t)got : -1;
+        if (q->len > TXFS_CHANGES_DATA) {
+            errno = EPROTO;
+            return -1;
+        }
+        size_t k = q->len < len - got ? q->len : len - got;
+        memcpy((char *)buf + got, q->data, k);
+        got += k;
+        if (q->len == 0 || offset + got >= q->total)
+            break;
+    } while (got < len);
+    return (ssize_t)got;
+}
+
+TXFS_API int txfs_changes_lost(const txfs_changes_t *it) { return it && it->lost; }
+
+TXFS_API void txfs_changes_free(txfs_changes_t *it)
+{
+    if (!it)
+        return;
+    int e = errno;
+    free(it->rec);
+    free(it->strs);
+    free(it->side);
+    free(it);
+    errno = e;
+}

@@ -782,6 +782,168 @@ static int t_status_counters(void)
     return PASS;
 }
 
+/* ---- the change set ------------------------------------------------------ */
+
+/* Bytes of a change's record in the daemon's listing. */
+static size_t record_len(const struct txfs_change *c)
+{
+    return TXFS_CHANGE_HEAD + 5 * 4 + strlen(c->path) + strlen(c->from) + strlen(c->old_target) +
+           strlen(c->target) + c->xattrs_len;
+}
+
+/* A thread's transaction as txfs_changes() lists it: one change a path in
+ * path order, with sizes and the old name of a rename; both sides of a
+ * file readable; nothing of a file created and deleted inside. A second
+ * listing makes the first one's reads ESTALE. The abort then leaves the
+ * mount as it was, and outside a transaction there is nothing to list. */
+static int t_changes_lists_the_transaction(void)
+{
+    char dir[PATH_MAX], buf[256];
+    CHECK(test_dir("changes", dir, sizeof dir), "mkdir");
+    const char *rel = dir + strlen(mnt) + 1;
+    CHECK_OK(write_file(J(dir, "mod"), "old content"));
+    CHECK_OK(write_file(J(dir, "ren"), "moved"));
+    CHECK_OK(write_file(J(dir, "del"), "doomed"));
+    CHECK_OK(fs_tx_begin());
+    CHECK_OK(write_file(J(dir, "new"), "fresh"));
+    CHECK_OK(write_file(J(dir, "mod"), "new content, longer"));
+    CHECK_OK(rename(J(dir, "ren"), J(dir, "ren2")));
+    CHECK_OK(unlink(J(dir, "del")));
+    CHECK_OK(write_file(J(dir, "tmp"), "scratch"));
+    CHECK_OK(unlink(J(dir, "tmp")));
+
+    struct {
+        const char *name;
+        uint32_t what;
+        uint64_t old_size, new_size;
+        const char *from;
+    } want[] = {
+        {"del", TXFS_CHANGE_DELETED, 6, 0, NULL},
+        {"mod", TXFS_CHANGE_MODIFIED, 11, 19, NULL},
+        {"new", TXFS_CHANGE_CREATED, 0, 5, NULL},
+        {"ren2", TXFS_CHANGE_RENAMED, 5, 5, "ren"},
+    };
+    struct txfs_change got[4];
+    txfs_changes_t *it = txfs_changes();
+    CHECK(it, "txfs_changes: %s", en(errno));
+    CHECK(txfs_changes_lost(it) == 0, "the transaction lost no conflict");
+    const struct txfs_change *c;
+    size_t n = 0;
+    while ((c = txfs_changes_next(it))) {
+        if (n < 4)
+            got[n] = *c;
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", rel, n < 4 ? want[n].name : "?");
+        CHECK(n < 4 && strcmp(c->path, path) == 0, "change %zu: %s (what %#x), want %s", n, c->path, c->what,
+              n < 4 ? path : "none");
+        CHECK(c->index == n, "change %zu has index %zu", n, c->index);
+        /* (A truncating open may count as setting the times too: the
+         * kernel's SETATTR for O_TRUNC carries an mtime.) */
+        uint32_t what = want[n].what == TXFS_CHANGE_MODIFIED ? c->what & ~TXFS_CHANGE_TIMES : c->what;
+        CHECK(what == want[n].what, "%s: what %#x, want %#x", c->path, c->what, want[n].what);
+        CHECK(c->kind == S_IFREG, "%s: kind %#o", c->path, c->kind);
+        CHECK(c->old_size == want[n].old_size && c->new_size == want[n].new_size, "%s: sizes %llu -> %llu",
+              c->path, (unsigned long long)c->old_size, (unsigned long long)c->new_size);
+        snprintf(path, sizeof path, "%s/%s", rel, want[n].from ? want[n].from : "");
+        CHECK(strcmp(c->from, want[n].from ? path : "") == 0, "%s: from '%s'", c->path, c->from);
+        CHECK(!*c->target && !*c->old_target && c->xattrs_len == 0 && !*c->xattrs, "%s: strings", c->path);
+        n++;
+    }
+    CHECK(errno == 0, "the listing ended with %s", en(errno));
+    CHECK(n == 4, "%zu changes, want 4", n);
+    CHECK(txfs_changes_next(it) == NULL && errno == 0, "past the end: NULL, errno 0");
+
+    /* Both sides of the modified file; the old side of a rename is at its
+     * old name; a side with no file is ENOENT. Reads need only the index. */
+    memset(buf, 0, sizeof buf);
+    CHECK(txfs_change_read(it, &got[1], 1, 0, buf, sizeof buf) == 19 && !strcmp(buf, "new content, longer"),
+          "new side of mod: '%s'", buf);
+    memset(buf, 0, sizeof buf);
+    CHECK(txfs_change_read(it, &got[1], 0, 0, buf, sizeof buf) == 11 && !strcmp(buf, "old content"),
+          "old side of mod: '%s'", buf);
+    memset(buf, 0, sizeof buf);
+    CHECK(txfs_change_read(it, &got[1], 1, 4, buf, 3) == 3 && !strcmp(buf, "con"), "3 bytes at 4: '%s'", buf);
+    CHECK(txfs_change_read(it, &got[1], 1, 100, buf, sizeof buf) == 0, "past the end: 0");
+    memset(buf, 0, sizeof buf);
+    CHECK(txfs_change_read(it, &got[3], 0, 0, buf, sizeof buf) == 5 && !strcmp(buf, "moved"),
+          "old side of the rename: '%s'", buf);
+    memset(buf, 0, sizeof buf);
+    CHECK(txfs_change_read(it, &got[0], 0, 0, buf, sizeof buf) == 6 && !strcmp(buf, "doomed"),
+          "old side of the deleted file: '%s'", buf);
+    CHECK_ERR((int)txfs_change_read(it, &got[0], 1, 0, buf, sizeof buf), ENOENT);
+    CHECK_ERR((int)txfs_change_read(it, &got[2], 0, 0, buf, sizeof buf), ENOENT);
+
+    /* A newer listing replaces this one's snapshot. */
+    txfs_changes_t *again = txfs_changes();
+    CHECK(again, "a second listing: %s", en(errno));
+    CHECK_ERR((int)txfs_change_read(it, &got[1], 1, 0, buf, sizeof buf), ESTALE);
+    CHECK(txfs_change_read(again, &got[1], 1, 0, buf, sizeof buf) == 19, "the newer listing reads");
+    txfs_changes_free(it);
+    txfs_changes_free(again);
+    txfs_changes_free(NULL);
+
+    CHECK_OK(fs_tx_abort());
+    CHECK(read_file(J(dir, "mod"), buf, sizeof buf) == 11 && !strcmp(buf, "old content"), "mod = '%s'", buf);
+    CHECK(read_file(J(dir, "ren"), buf, sizeof buf) == 5, "ren is back");
+    CHECK(read_file(J(dir, "del"), buf, sizeof buf) == 6, "del is back");
+    struct stat st;
+    CHECK(stat(J(dir, "ren2"), &st) == -1 && errno == ENOENT, "ren2 survived the abort");
+    CHECK(stat(J(dir, "new"), &st) == -1 && errno == ENOENT, "new survived the abort");
+    CHECK(count_entries(dir) == 3, "%d entries, want 3", count_entries(dir));
+
+    errno = 0;
+    CHECK(txfs_changes() == NULL && errno == EINVAL, "outside a transaction: want NULL/EINVAL, got %s", en(errno));
+    return PASS;
+}
+
+/* A listing of many pages, fetched as it is consumed: every record whole,
+ * also those that straddle two pages; a newer listing taken half-way makes
+ * the older one's next page ESTALE. */
+static int t_changes_many_pages(void)
+{
+    enum { N = 400 };
+    char dir[PATH_MAX], name[256];
+    CHECK(test_dir("changes-pages", dir, sizeof dir), "mkdir");
+    const char *rel = dir + strlen(mnt) + 1;
+    CHECK_OK(fs_tx_begin());
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "%04d-%0196d", i, 0);
+        CHECK_OK(write_file(J(dir, name), "x"));
+    }
+    txfs_changes_t *it = txfs_changes();
+    CHECK(it, "txfs_changes: %s", en(errno));
+    CHECK(txfs_changes_next(it) != NULL, "a first change: %s", en(errno));
+    txfs_changes_t *newer = txfs_changes();
+    CHECK(newer, "a second listing: %s", en(errno));
+    size_t stale = 1;
+    while (txfs_changes_next(it))
+        stale++;
+    CHECK(errno == ESTALE && stale < N, "the replaced listing: %zu changes, then %s", stale, en(errno));
+    CHECK(txfs_changes_next(it) == NULL && errno == ESTALE, "and stays failed");
+    txfs_changes_free(it);
+
+    const struct txfs_change *c;
+    size_t n = 0, at = 0, straddled = 0;
+    while ((c = txfs_changes_next(newer))) {
+        char path[PATH_MAX];
+        snprintf(name, sizeof name, "%04zu-%0196d", n, 0);
+        snprintf(path, sizeof path, "%s/%s", rel, name);
+        CHECK(strcmp(c->path, path) == 0 && c->what == TXFS_CHANGE_CREATED && c->new_size == 1,
+              "change %zu: %s (what %#x)", n, c->path, c->what);
+        size_t len = record_len(c);
+        straddled += at / TXFS_CHANGES_DATA != (at + len - 1) / TXFS_CHANGES_DATA;
+        at += len;
+        n++;
+    }
+    CHECK(errno == 0 && n == N, "%zu changes, then %s", n, en(errno));
+    CHECK(at / TXFS_CHANGES_DATA >= 4 && straddled >= 4, "%zu bytes, %zu records across a page's end", at,
+          straddled);
+    txfs_changes_free(newer);
+    CHECK_OK(fs_tx_abort());
+    CHECK(count_entries(dir) == 0, "%d entries after the abort", count_entries(dir));
+    return PASS;
+}
+
 /* ---- runner ------------------------------------------------------------- */
 
 static int passed, failed, skipped;
@@ -1182,6 +1344,8 @@ int main(int argc, char **argv)
     run("commit without a transaction fails", t_commit_without_begin, 1);
     run("forked child is not in the parent's transaction", t_fork_child_not_in_tx, 1);
     run("STATUS/STATE counters", t_status_counters, 1);
+    run("txfs_changes lists the transaction and reads both sides", t_changes_lists_the_transaction, 1);
+    run("txfs_changes pages through a long listing", t_changes_many_pages, 1);
     run("one kept descriptor serves every transaction of a thread", t_descriptor_is_kept_for_the_next_transaction, 1);
     run("a thread's kept descriptor closes when it exits", t_thread_exit_closes_its_descriptor, 1);
     run("a forked child inherits no kept descriptor", t_fork_child_holds_no_kept_descriptor, 1);

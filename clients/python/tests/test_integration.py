@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 import pytest
 
 import txfs
+from txfs import _wire
 
 from conftest import DEFAULT_BIN, TxfsMount
 
@@ -956,3 +958,137 @@ def test_txfs_umount_detaches_a_mount_held_only_by_kept_descriptors(tmp_path_fac
             proc.kill()
             proc.wait()
         shutil.rmtree(base, ignore_errors=True)
+
+
+# ---- the change set ------------------------------------------------------------------
+
+
+def _record_len(c: txfs.Change) -> int:
+    """Bytes of a change's record in the daemon's listing."""
+    strs = sum(len(os.fsencode(s)) for s in (c.path, c.from_, c.old_target, c.target))
+    names = sum(len(os.fsencode(x)) + 1 for x in c.xattrs)
+    return _wire.TXFS_CHANGE_HEAD + 5 * 4 + strs + names
+
+
+def test_changes_list_the_transaction_and_read_both_sides(work: str, mnt: str) -> None:
+    rel = os.path.relpath(work, mnt)
+    j = lambda name: os.path.join(work, name)  # noqa: E731
+    write(j("mod"), "old content")
+    write(j("ren"), "moved")
+    write(j("del"), "doomed")
+    with pytest.raises(OSError) as ei:
+        txfs.changes()
+    assert ei.value.errno == errno.EINVAL, "outside a transaction"
+    txfs.begin()
+    try:
+        write(j("new"), "fresh")
+        write(j("mod"), "new content, longer")
+        os.rename(j("ren"), j("ren2"))
+        os.unlink(j("del"))
+        write(j("tmp"), "scratch")
+        os.unlink(j("tmp"))
+        listing = txfs.changes()
+        assert not listing.lost
+        got = list(listing)
+        assert [c.path for c in got] == [f"{rel}/{n}" for n in ("del", "mod", "new", "ren2")]
+        assert [c.index for c in got] == [0, 1, 2, 3]
+        deleted, modified, created, renamed = got
+        assert (deleted.status, deleted.what, deleted.old_size) == ("deleted", {"deleted"}, 6)
+        assert deleted.what_bits == _wire.TXFS_CHANGE_DELETED and deleted.new_mode == 0
+        # (a truncating open may count as setting the times too)
+        assert modified.status == "modified" and modified.what - {"times"} == {"modified"}
+        assert (modified.old_size, modified.new_size, modified.bytes_written) == (11, 19, 19)
+        assert stat.S_ISREG(modified.kind) and stat.S_IMODE(modified.new_mode) == stat.S_IMODE(os.stat(j("mod")).st_mode)
+        assert (created.status, created.new_size, created.old_mode) == ("created", 5, 0)
+        assert (renamed.status, renamed.from_, renamed.new_size) == ("renamed", f"{rel}/ren", 5)
+        assert all(c.target == c.old_target == "" and c.xattrs == () for c in got)
+        assert next(listing, None) is None, "the end stays the end"
+
+        assert modified.read_new() == b"new content, longer"
+        assert modified.read_old() == b"old content"
+        assert modified.read_new(4, 3) == b"con" and modified.read_new(100) == b""
+        assert renamed.read_old() == b"moved" and deleted.read_old() == b"doomed"
+        for side in (deleted.read_new, created.read_old):
+            with pytest.raises(OSError) as ei:
+                side()
+            assert ei.value.errno == errno.ENOENT
+
+        newer = txfs.changes()  # replaces the first listing's snapshot
+        with pytest.raises(OSError) as ei:
+            modified.read_new()
+        assert ei.value.errno == errno.ESTALE
+        assert [c.read_new() for c in newer if c.status == "modified"] == [b"new content, longer"]
+    finally:
+        txfs.abort()
+    assert read(j("mod")) == "old content" and read(j("ren")) == "moved" and read(j("del")) == "doomed"
+    assert sorted(os.listdir(work)) == ["del", "mod", "ren"]
+    with pytest.raises(OSError) as ei:
+        txfs.changes()
+    assert ei.value.errno == errno.EINVAL
+
+
+def test_changes_of_5000_files_are_fetched_a_page_at_a_time(
+    work: str, mnt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rel = os.path.relpath(work, mnt)
+    names = [f"{i:05d}-" + "n" * (i % 90) for i in range(5000)]
+    calls: List[int] = []
+    ask = txfs._changes_ioctl
+
+    def counted(mount: str, arg: bytes) -> bytes:
+        calls.append(_wire.IOC_CHANGES.unpack(arg)[2])  # the offset asked for
+        return ask(mount, arg)
+
+    monkeypatch.setattr(txfs, "_changes_ioctl", counted)
+    txfs.begin()
+    try:
+        for n in names:
+            with open(os.path.join(work, n), "wb") as f:
+                f.write(b"x")
+        listing = txfs.changes()
+        assert len(calls) == 1, "one page to begin with"
+        pages = -(-listing.total // _wire.TXFS_CHANGES_DATA)
+        assert pages > 10, f"{listing.total} bytes: too few pages to test paging"
+        first = next(listing)
+        assert first.path == f"{rel}/{names[0]}" and len(calls) == 1, "nothing more fetched for one change"
+        got = [first, *listing]
+        assert len(calls) == pages, f"{len(calls)} requests for {pages} pages"
+        assert calls == [i * _wire.TXFS_CHANGES_DATA for i in range(pages)]
+        assert [c.path for c in got] == [f"{rel}/{n}" for n in names]
+        assert all(c.status == "created" and c.new_size == 1 for c in got)
+        # records that straddle a page's end came out whole
+        at, straddled = 0, 0
+        for c in got:
+            n = _record_len(c)
+            straddled += at // _wire.TXFS_CHANGES_DATA != (at + n - 1) // _wire.TXFS_CHANGES_DATA
+            at += n
+        assert at == listing.total and straddled >= pages // 2, (at, straddled)
+        assert got[-1].read_new() == b"x"
+    finally:
+        txfs.abort()
+    assert os.listdir(work) == []
+
+
+def test_changes_under_txfs_run(work: str, mnt: str, child_env: Dict[str, str]) -> None:
+    # A process of a `txfs run` tree lists the tree's transaction, page by
+    # page through descriptors of its own (no thread transaction here).
+    # Without the view: the clients do not resolve a view's mount.
+    binary = os.environ.get("TXFS_BIN") or DEFAULT_BIN
+    child_env = dict(child_env, TXFS_RUN_VIEW="0")
+    script = textwrap.dedent(
+        """
+        import json, os, sys, txfs
+        w = sys.argv[1]
+        for i in range(300):
+            with open(os.path.join(w, "f%03d-%s" % (i, "r" * 150)), "w") as f:
+                f.write("run")
+        out = [(c.status, os.path.basename(c.path), c.read_new().decode()) for c in txfs.changes()]
+        print(json.dumps(out))
+        sys.exit(3)
+        """
+    )
+    r = run([binary, "run", "--", sys.executable, "-c", script, work], env=child_env)
+    assert r.returncode == 3, r.stderr
+    got = json.loads(r.stdout)
+    assert got == [["created", "f%03d-%s" % (i, "r" * 150), "run"] for i in range(300)]
+    assert os.listdir(work) == [], "an exit status of 3 aborts"

@@ -30,7 +30,7 @@ C_PROBE = r"""
 #define O(t, f) printf("offsetof_%s.%s %zu\n", #t, #f, offsetof(struct t, f))
 int main(void) {
     N(TXFS_IOC_BEGIN); N(TXFS_IOC_COMMIT); N(TXFS_IOC_ABORT); N(TXFS_IOC_SYNC);
-    N(TXFS_IOC_RUN); N(TXFS_IOC_STATUS); N(TXFS_IOC_STATE);
+    N(TXFS_IOC_RUN); N(TXFS_IOC_STATUS); N(TXFS_IOC_STATE); N(TXFS_IOC_CHANGES);
     N(TXFS_IOC_MAGIC); N(TXFS_ECONFLICT); N(TXFS_COMMIT_ORDERED);
     N(TXFS_RUN_BEGIN); N(TXFS_RUN_COMMIT); N(TXFS_RUN_ABORT);
     S(txfs_ioc_flags); O(txfs_ioc_flags, flags); O(txfs_ioc_flags, reserved);
@@ -42,6 +42,15 @@ int main(void) {
     O(txfs_ioc_status, checkpoints); O(txfs_ioc_status, last_seq);
     S(txfs_ioc_state); O(txfs_ioc_state, tx); O(txfs_ioc_state, depth);
     O(txfs_ioc_state, reserved);
+    S(txfs_ioc_changes); O(txfs_ioc_changes, pid); O(txfs_ioc_changes, op);
+    O(txfs_ioc_changes, offset); O(txfs_ioc_changes, index); O(txfs_ioc_changes, total);
+    O(txfs_ioc_changes, len); O(txfs_ioc_changes, snap); O(txfs_ioc_changes, flags);
+    O(txfs_ioc_changes, reserved); O(txfs_ioc_changes, data);
+    N(TXFS_CHANGES_LIST); N(TXFS_CHANGES_OLD); N(TXFS_CHANGES_NEW); N(TXFS_CHANGES_LOST);
+    N(TXFS_CHANGES_DATA); N(TXFS_CHANGE_HEAD);
+    N(TXFS_CHANGE_CREATED); N(TXFS_CHANGE_DELETED); N(TXFS_CHANGE_MODIFIED); N(TXFS_CHANGE_RENAMED);
+    N(TXFS_CHANGE_LINKED); N(TXFS_CHANGE_MODE); N(TXFS_CHANGE_OWNER); N(TXFS_CHANGE_XATTR);
+    N(TXFS_CHANGE_TIMES); N(TXFS_CHANGE_REPLACED);
     return 0;
 }
 """
@@ -74,6 +83,8 @@ def test_ioctl_numbers_match_c_header(c_values: Dict[str, int]) -> None:
     assert _wire.TXFS_RUN_BEGIN == c_values["TXFS_RUN_BEGIN"]
     assert _wire.TXFS_RUN_COMMIT == c_values["TXFS_RUN_COMMIT"]
     assert _wire.TXFS_RUN_ABORT == c_values["TXFS_RUN_ABORT"]
+    for name in [n for n in c_values if n.startswith(("TXFS_CHANGES_", "TXFS_CHANGE_"))]:
+        assert getattr(_wire, name) == c_values[name], name
 
 
 def _offsets(fmt: struct.Struct) -> List[int]:
@@ -85,9 +96,13 @@ def _offsets(fmt: struct.Struct) -> List[int]:
         if ch.isdigit():
             count += ch
             continue
-        for _ in range(int(count or "1")):
+        if ch == "s":  # one field of `count` bytes
             out.append(off)
-            off += struct.calcsize("=" + ch)
+            off += int(count or "1")
+        else:
+            for _ in range(int(count or "1")):
+                out.append(off)
+                off += struct.calcsize("=" + ch)
         count = ""
     return out
 
@@ -99,6 +114,11 @@ def _offsets(fmt: struct.Struct) -> List[int]:
         ("txfs_ioc_run", _wire.IOC_RUN, ["pid", "op", "flags", "reserved"]),
         ("txfs_ioc_status", _wire.IOC_STATUS, list(_wire.STATUS_FIELDS)),
         ("txfs_ioc_state", _wire.IOC_STATE, ["tx", "depth", "reserved"]),
+        (
+            "txfs_ioc_changes",
+            _wire.IOC_CHANGES,
+            ["pid", "op", "offset", "index", "total", "len", "snap", "flags", "reserved", "data"],
+        ),
     ],
 )
 def test_struct_layouts_match_c_header(
@@ -115,6 +135,8 @@ def test_struct_sizes_without_compiler() -> None:
         64,
         16,
     )
+    assert (_wire.IOC_CHANGES.size, _wire.TXFS_IOC_CHANGES) == (16368, 0xFFF0E70E)
+    assert _wire.CHANGE_RECORD.size == _wire.TXFS_CHANGE_HEAD
 
 
 def test_ioctl_encoding_per_architecture() -> None:
@@ -591,3 +613,142 @@ def test_atomic_write_off_txfs_changes_nothing_on_an_exception(fake: Path, tmp_p
     with pytest.raises(ValueError):
         with txfs.atomic_write(target, "a"):
             pass  # pragma: no cover
+
+
+# ---- the change set against a fake daemon ------------------------------------------
+
+
+def _record(
+    path: bytes,
+    what: int = _wire.TXFS_CHANGE_CREATED,
+    from_: bytes = b"",
+    old_target: bytes = b"",
+    target: bytes = b"",
+    xattrs: Tuple[bytes, ...] = (),
+    sizes: Tuple[int, int] = (0, 1),
+) -> bytes:
+    """A record of a CHANGES listing, as the daemon encodes one (wire.rs
+    encode_change); numbers that tell the fields apart."""
+    names = b"".join(x + b"\0" for x in xattrs)
+    tail = b"".join(len(s).to_bytes(4, "little") + s for s in (path, from_, old_target, target, names))
+    head = _wire.CHANGE_RECORD.pack(0, what, 0o100000, 0o100644, 0o100600, 1, 2, 3, 4, 0, *sizes, 7, 8, 9)
+    rec = head + tail
+    return len(rec).to_bytes(4, "little") + rec[4:]
+
+
+class FakeListings:
+    """Stands in for CHANGES: one listing (a snapshot per LIST from 0) and
+    the new side of each change, `contents[index]`."""
+
+    def __init__(self, listing: bytes, contents: Dict[int, bytes], total: Optional[int] = None) -> None:
+        self.listing, self.contents = listing, contents
+        self.total = len(listing) if total is None else total
+        self.snap = 0
+        self.asked: List[Tuple[int, int]] = []  # (op, offset)
+
+    def ioctl(self, mount: str, arg: bytes) -> bytes:
+        pid, op, offset, index, _, _, snap, _, _, _ = _wire.IOC_CHANGES.unpack(arg)
+        assert (pid, mount) == (0, "/fake/mnt")
+        self.asked.append((op, offset))
+        if op == _wire.TXFS_CHANGES_LIST and offset == 0:
+            self.snap += 1
+        elif snap != self.snap:
+            raise OSError(errno.ESTALE, "stale", mount)
+        if op == _wire.TXFS_CHANGES_LIST:
+            data, total = self.listing[offset : offset + _wire.TXFS_CHANGES_DATA], self.total
+        elif op == _wire.TXFS_CHANGES_NEW and index in self.contents:
+            body = self.contents[index]
+            data, total = body[offset : offset + _wire.TXFS_CHANGES_DATA], len(body)
+        else:
+            raise OSError(errno.ENOENT, "no file", mount)
+        return _wire.IOC_CHANGES.pack(0, op, offset, index, total, len(data), self.snap, 0, 0, data)
+
+
+@pytest.fixture()
+def listings(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeListings]:
+    big = b"d/" + b"p" * 3000
+    recs = [_record(b"a%04d" % i + b"-" * (i % 50)) for i in range(300)]
+    recs.append(_record(b"caf\xe9", _wire.TXFS_CHANGE_RENAMED, from_=b"old/caf\xe9", sizes=(5, 5)))
+    recs.append(_record(big, _wire.TXFS_CHANGE_XATTR, xattrs=tuple(b"user.%04d" % i + b"x" * 190 for i in range(200))))
+    recs.append(_record(b"lnk", _wire.TXFS_CHANGE_REPLACED, old_target=b"keep", target=b"kept"))
+    fake = FakeListings(b"".join(recs), {300: b"0123456789" * 4000})
+    monkeypatch.setattr(txfs, "_changes_ioctl", fake.ioctl)
+    monkeypatch.setattr(txfs, "find_mount", lambda path=None, **kw: "/fake/mnt")
+    yield fake
+
+
+def test_changes_decode_records_across_pages(listings: FakeListings) -> None:
+    got = list(txfs.changes("/fake/mnt"))
+    assert len(got) == 303
+    assert [c.index for c in got] == list(range(303))
+    assert got[7].path == "a0007" + "-" * 7 and got[7].status == "created" and got[7].what == {"created"}
+    c = got[7]
+    assert (c.kind, c.old_mode, c.new_mode, c.old_uid, c.old_gid, c.new_uid, c.new_gid) == (
+        0o100000,
+        0o100644,
+        0o100600,
+        1,
+        2,
+        3,
+        4,
+    )
+    assert (c.old_size, c.new_size, c.bytes_written, c.files, c.dirs) == (0, 1, 7, 8, 9)
+    renamed = got[300]
+    assert os.fsencode(renamed.path) == b"caf\xe9" and os.fsencode(renamed.from_) == b"old/caf\xe9"
+    assert renamed.status == "renamed"
+    big = got[301]  # a record longer than a page: three pages
+    assert len(big.path) == 3002 and len(big.xattrs) == 200 and big.xattrs[199] == "user.0199" + "x" * 190
+    assert big.what == {"xattr"} and big.status == "changed"
+    assert (got[302].old_target, got[302].target, got[302].status) == ("keep", "kept", "replaced")
+    pages = -(-listings.total // _wire.TXFS_CHANGES_DATA)
+    assert [o for _, o in listings.asked] == [i * _wire.TXFS_CHANGES_DATA for i in range(pages)]
+
+
+def test_changes_read_a_side_a_page_at_a_time(listings: FakeListings) -> None:
+    got = list(txfs.changes("/fake/mnt"))
+    assert got[300].read_new() == b"0123456789" * 4000
+    assert got[300].read_new(39_995) == b"56789"
+    assert got[300].read_new(16_000, 700) == (b"0123456789" * 4000)[16_000:16_700]
+    with pytest.raises(OSError) as ei:
+        got[300].read_old()
+    assert ei.value.errno == errno.ENOENT
+
+
+def test_changes_replaced_by_a_newer_listing_are_stale(listings: FakeListings) -> None:
+    old = txfs.changes("/fake/mnt")
+    assert next(old).index == 0
+    newer = txfs.changes("/fake/mnt")
+    for _ in range(2):  # (the failure stays)
+        with pytest.raises(OSError) as ei:
+            list(old)
+        assert ei.value.errno == errno.ESTALE and "changes() again" in str(ei.value), ei.value
+    assert len(list(newer)) == 303
+
+
+def test_a_cut_listing_is_refused(listings: FakeListings) -> None:
+    listings.total += 10  # the daemon says more than it has
+    with pytest.raises(OSError) as ei:
+        list(txfs.changes("/fake/mnt"))
+    assert ei.value.errno == errno.EPROTO
+    listings.total -= 10
+    listings.listing = listings.listing[:-1]
+    listings.total -= 1
+    with pytest.raises(OSError) as ei:
+        list(txfs.changes("/fake/mnt"))
+    assert ei.value.errno == errno.EPROTO
+
+
+def test_change_status_is_the_clis() -> None:
+    def status(bits: int) -> str:
+        fake = FakeListings(_record(b"x", bits), {})
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(txfs, "_changes_ioctl", fake.ioctl)
+            m.setattr(txfs, "find_mount", lambda path=None, **kw: "/fake/mnt")
+            return next(txfs.changes("/fake/mnt")).status
+
+    w = _wire
+    assert status(w.TXFS_CHANGE_RENAMED | w.TXFS_CHANGE_MODIFIED) == "renamed"
+    assert status(w.TXFS_CHANGE_REPLACED | w.TXFS_CHANGE_MODIFIED) == "modified"
+    assert status(w.TXFS_CHANGE_REPLACED) == "replaced"
+    assert status(w.TXFS_CHANGE_LINKED | w.TXFS_CHANGE_MODE) == "linked"
+    assert status(w.TXFS_CHANGE_MODE | w.TXFS_CHANGE_TIMES) == "changed"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -38,7 +39,21 @@ import tempfile
 import threading
 import time
 from types import TracebackType
-from typing import IO, Any, Callable, Iterator, Optional, Type, TypedDict, TypeVar, cast, overload
+from typing import (
+    IO,
+    Any,
+    Callable,
+    FrozenSet,
+    Iterator,
+    NamedTuple,
+    Optional,
+    Tuple,
+    Type,
+    TypedDict,
+    TypeVar,
+    cast,
+    overload,
+)
 
 from . import _wire, mounts
 from ._wire import TXFS_COMMIT_ORDERED
@@ -47,6 +62,8 @@ from .mounts import MountEntry, PathArg, find_mount, parse_mountinfo, read_mount
 __version__ = "0.1.0"
 
 __all__ = [
+    "Change",
+    "ChangeListing",
     "Conflict",
     "MountEntry",
     "Status",
@@ -57,6 +74,7 @@ __all__ = [
     "abort",
     "atomic_write",
     "begin",
+    "changes",
     "commit",
     "find_mount",
     "in_transaction",
@@ -385,14 +403,28 @@ def in_transaction() -> bool:
 # ---- transport ---------------------------------------------------------------
 
 
+def _ioctl_error(e: OSError, mount: str) -> OSError:
+    """The error to raise for a failed ioctl on ``mount``."""
+    code = errno.ENOTTY if e.errno == errno.ENOSYS else (e.errno or errno.EIO)
+    if code == errno.EDEADLK:
+        return Conflict(code, os.strerror(code), mount)
+    return OSError(code, os.strerror(code), mount)
+
+
 def _fd_ioctl(fd: int, mount: str, request: int, arg: bytes) -> bytes:
     try:
         return fcntl.ioctl(fd, request, arg)
     except OSError as e:
-        code = errno.ENOTTY if e.errno == errno.ENOSYS else (e.errno or errno.EIO)
-        if code == errno.EDEADLK:
-            raise Conflict(code, os.strerror(code), mount) from None
-        raise OSError(code, os.strerror(code), mount) from None
+        raise _ioctl_error(e, mount) from None
+
+
+def _fd_ioctl_into(fd: int, mount: str, request: int, buf: bytearray) -> None:
+    """An ioctl whose argument ``buf`` the daemon answers in place (fcntl
+    copies an immutable one into 1 KiB, too small for CHANGES)."""
+    try:
+        fcntl.ioctl(fd, request, buf, True)
+    except OSError as e:
+        raise _ioctl_error(e, mount) from None
 
 
 def _ioctl(mount: str, request: int, arg: bytes) -> bytes:
@@ -549,6 +581,278 @@ def state(mount: Optional[PathArg] = None) -> TxState:
     raw = _ioctl(root, _wire.TXFS_IOC_STATE, bytes(_wire.IOC_STATE.size))
     tx, depth, _ = _wire.IOC_STATE.unpack(raw)
     return {"tx": tx, "depth": depth}
+
+
+# ---- the change set -------------------------------------------------------------
+#
+# CHANGES (txfs.h, struct txfs_ioc_changes) answers a page of a listing that
+# the daemon snapshots at offset 0, names by its `snap`, and keeps until the
+# next listing from 0 or the transaction's end. A ChangeListing holds one
+# page and decodes its records in place; one that straddles pages is joined
+# from as many as it spans.
+
+
+def _changes_ioctl(mount: str, arg: bytes) -> bytes:
+    """One CHANGES ioctl on ``mount``, as :func:`_ioctl` issues one."""
+    buf = bytearray(arg)
+    if _valid() and _local.fd >= 0 and mount == _local.mount:
+        _fd_ioctl_into(_local.fd, mount, _wire.TXFS_IOC_CHANGES, buf)
+        return bytes(buf)
+    fd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _fd_ioctl_into(fd, mount, _wire.TXFS_IOC_CHANGES, buf)
+    finally:
+        os.close(fd)
+    return bytes(buf)
+
+
+class _Answer(NamedTuple):
+    """What a CHANGES answer carries."""
+
+    total: int
+    snap: int
+    flags: int
+    data: bytes
+
+
+def _ask_changes(mount: str, op: int, snap: int, index: int, offset: int) -> _Answer:
+    arg = _wire.IOC_CHANGES.pack(0, op, offset, index, 0, 0, snap, 0, 0, b"")
+    try:
+        raw = _changes_ioctl(mount, arg)
+    except OSError as e:
+        if e.errno == errno.ESTALE:
+            raise OSError(
+                errno.ESTALE, "a newer listing of this transaction replaced this one: call txfs.changes() again", mount
+            ) from None
+        raise
+    _, _, _, _, total, n, snap, flags, _, data = _wire.IOC_CHANGES.unpack(raw)
+    if n > _wire.TXFS_CHANGES_DATA:
+        raise OSError(errno.EPROTO, f"the daemon answered {n} bytes of change data", mount)
+    return _Answer(total, snap, flags, data[:n])
+
+
+def _cut(mount: str) -> OSError:
+    return OSError(errno.EPROTO, "the daemon's change listing is not made of whole records", mount)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One path of a transaction's change set (what :func:`changes` yields).
+
+    Paths are relative to the mount's root, ``str`` decoded with
+    :func:`os.fsdecode` (``os.fsencode(c.path)`` gives the bytes back, also
+    for names that are not UTF-8). ``what`` names what happened —
+    ``"created"``, ``"deleted"``, ``"modified"``, ``"renamed"``,
+    ``"linked"``, ``"replaced"``, ``"mode"``, ``"owner"``, ``"xattr"``,
+    ``"times"`` — and ``what_bits`` is the same as ``TXFS_CHANGE_*`` bits;
+    :attr:`status` is the one word ``txfs diff`` shows first.
+    """
+
+    path: str
+    what: FrozenSet[str]
+    what_bits: int
+    #: ``S_IFMT`` bits of what ``path`` names (named before, if deleted)
+    kind: int
+    #: ``st_mode``, uid, gid and size before (mode 0: nothing there) and after
+    old_mode: int
+    new_mode: int
+    old_uid: int
+    old_gid: int
+    new_uid: int
+    new_gid: int
+    old_size: int
+    new_size: int
+    #: bytes the transaction wrote into the file (a new file: its size)
+    bytes_written: int
+    #: a created or deleted directory: what was created or deleted below it
+    #: with it (listed too)
+    files: int
+    dirs: int
+    #: where it was before a rename; "" otherwise
+    from_: str
+    #: a symlink's target before and after; "" when none
+    old_target: str
+    target: str
+    #: extended attributes set or removed
+    xattrs: Tuple[str, ...]
+    #: its position in the listing, from 0
+    index: int
+    _listing: "ChangeListing" = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def status(self) -> str:
+        """What happened, in one word: the first of created, deleted,
+        renamed, linked, modified, replaced that applies, else changed."""
+        for bit, word in (
+            (_wire.TXFS_CHANGE_CREATED, "created"),
+            (_wire.TXFS_CHANGE_DELETED, "deleted"),
+            (_wire.TXFS_CHANGE_RENAMED, "renamed"),
+            (_wire.TXFS_CHANGE_LINKED, "linked"),
+            (_wire.TXFS_CHANGE_MODIFIED, "modified"),
+            (_wire.TXFS_CHANGE_REPLACED, "replaced"),
+        ):
+            if self.what_bits & bit:
+                return word
+        return "changed"
+
+    def read_old(self, offset: int = 0, size: int = -1) -> bytes:
+        """The committed content of the file (before; at :attr:`from_` for a
+        rename): ``size`` bytes at ``offset`` (fewer at its end; -1: to its
+        end). Raises :class:`OSError`: ``ENOENT`` no file on that side (a
+        created file), ``EISDIR`` a directory, ``EINVAL`` another kind,
+        ``EACCES`` not readable by the caller's credentials, ``ESTALE`` a
+        newer listing of the transaction replaced the one this came from."""
+        return self._listing._read(self.index, False, offset, size)
+
+    def read_new(self, offset: int = 0, size: int = -1) -> bytes:
+        """The content the transaction would commit (after), as
+        :meth:`read_old` reads the committed one (``ENOENT``: a deleted file)."""
+        return self._listing._read(self.index, True, offset, size)
+
+
+class ChangeListing:
+    """The change set of the calling thread's transaction, one
+    :class:`Change` at a time (what :func:`changes` returns).
+
+    Fetched from the daemon a page at a time as it is iterated. ``snap`` is
+    the daemon's snapshot it reads, ``total`` the listing's length in bytes,
+    ``lost`` whether the transaction had already lost a conflict when it was
+    listed (its commit will fail). A newer listing of the same transaction
+    replaces this one's snapshot: iterating on then raises ``ESTALE`` (call
+    :func:`changes` again), and so do the changes' reads.
+    """
+
+    def __init__(self, mount: str) -> None:
+        self.mount = mount
+        first = _ask_changes(mount, _wire.TXFS_CHANGES_LIST, 0, 0, 0)
+        self.snap = first.snap
+        self.total = first.total
+        self.lost = bool(first.flags & _wire.TXFS_CHANGES_LOST)
+        self._page = first.data
+        self._at = 0  # bytes of the page consumed
+        self._pos = 0  # bytes of the listing consumed
+        self._index = 0
+        self._failed: Optional[OSError] = None
+        if self.total and not self._page:
+            raise _cut(mount)
+
+    def __iter__(self) -> "ChangeListing":
+        return self
+
+    def _take(self, n: int) -> bytes:
+        """The listing's next ``n`` bytes, from as many pages as they span."""
+        parts = []
+        while n:
+            if self._at == len(self._page):
+                if self._pos >= self.total:
+                    raise _cut(self.mount)
+                page = _ask_changes(self.mount, _wire.TXFS_CHANGES_LIST, self.snap, 0, self._pos)
+                if not page.data or page.snap != self.snap or page.total != self.total:
+                    raise _cut(self.mount)
+                self._page, self._at = page.data, 0
+            k = min(n, len(self._page) - self._at)
+            parts.append(self._page[self._at : self._at + k])
+            self._at += k
+            self._pos += k
+            n -= k
+        return b"".join(parts)
+
+    def _decode(self, rec: bytes) -> Change:
+        f = _wire.CHANGE_RECORD.unpack_from(rec)
+        strs = []
+        at = _wire.CHANGE_RECORD.size
+        for _ in range(5):
+            if at + 4 > len(rec):
+                raise _cut(self.mount)
+            (n,) = _wire.CHANGE_STRLEN.unpack_from(rec, at)
+            if at + 4 + n > len(rec):
+                raise _cut(self.mount)
+            strs.append(rec[at + 4 : at + 4 + n])
+            at += 4 + n
+        if at != len(rec):
+            raise _cut(self.mount)
+        path, from_, old_target, target, names = (os.fsdecode(s) for s in strs)
+        bits = f[1]
+        return Change(
+            path=path,
+            what=frozenset(word for bit, word in _wire.CHANGE_WORDS if bits & bit),
+            what_bits=bits,
+            kind=f[2],
+            old_mode=f[3],
+            new_mode=f[4],
+            old_uid=f[5],
+            old_gid=f[6],
+            new_uid=f[7],
+            new_gid=f[8],
+            old_size=f[10],
+            new_size=f[11],
+            bytes_written=f[12],
+            files=f[13],
+            dirs=f[14],
+            from_=from_,
+            old_target=old_target,
+            target=target,
+            xattrs=tuple(x for x in names.split("\0") if x),
+            index=self._index,
+            _listing=self,
+        )
+
+    def __next__(self) -> Change:
+        if self._failed is not None:
+            raise OSError(self._failed.errno, self._failed.strerror, self.mount)
+        if self._pos >= self.total:
+            raise StopIteration
+        try:
+            start = self._pos
+            head = self._take(4)
+            (n,) = _wire.CHANGE_STRLEN.unpack(head)
+            if n < _wire.TXFS_CHANGE_HEAD or n > self.total - start:
+                raise _cut(self.mount)
+            change = self._decode(head + self._take(n - 4))
+        except OSError as e:
+            self._failed = e
+            raise
+        self._index += 1
+        return change
+
+    def _read(self, index: int, new: bool, offset: int, size: int) -> bytes:
+        if offset < 0:
+            raise ValueError("offset must not be negative")
+        op = _wire.TXFS_CHANGES_NEW if new else _wire.TXFS_CHANGES_OLD
+        out = bytearray()
+        while size < 0 or len(out) < size:
+            a = _ask_changes(self.mount, op, self.snap, index, offset + len(out))
+            out += a.data if size < 0 else a.data[: size - len(out)]
+            if not a.data or offset + len(out) >= a.total:
+                break
+        return bytes(out)
+
+
+def changes(mount: Optional[PathArg] = None) -> ChangeListing:
+    """The change set of the calling thread's transaction: what it would
+    commit, one :class:`Change` a path, in path order.
+
+        with txfs.transaction():
+            ...
+            for c in txfs.changes():
+                print(c.status, c.path)          # "modified etc/app.conf"
+
+    A file created and deleted inside the transaction is not there; a
+    rename is one change at the new path (:attr:`Change.from_`: the old
+    one); below a created or deleted directory every path is listed too.
+    Looking records no read: it cannot make the transaction conflict.
+    Each call takes a new snapshot on the daemon, which replaces the last
+    one's (see :class:`ChangeListing`). Iterate in the thread of the
+    transaction (or in a process of a ``txfs run``): the daemon answers
+    for the caller's own.
+
+    ``mount``: any path inside the txfs mount; default: the thread's open
+    transaction's, else ``$TXFS_MOUNT`` or the only txfs mount. Raises
+    :class:`OSError`: ``EINVAL`` not in a transaction, ``ENOTTY`` a daemon
+    older than the change set (or not txfs).
+    """
+    root = find_mount(mount) if mount is not None else _current_mount()
+    return ChangeListing(root)
 
 
 def _abort_quietly() -> None:

@@ -69,7 +69,9 @@ fn strip_c_comments(s: &str) -> String {
     out.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
 }
 
-/// The C header's structs, laid out by C's rules, with each one's alignment.
+/// The C header's wire structs (`struct txfs_ioc_*`), laid out by C's
+/// rules, with each one's alignment. Its other structs (the API's own, such
+/// as `struct txfs_change`) are not on the wire and are passed over.
 fn c_structs(h: &str) -> HashMap<String, (Layout, usize)> {
     let mut out: HashMap<String, (Layout, usize)> = HashMap::new();
     let mut rest = h;
@@ -83,6 +85,10 @@ fn c_structs(h: &str) -> HashMap<String, (Layout, usize)> {
         }
         let body_start = after.len() - tail.len() + 1;
         let body_end = after.find('}').expect("a struct without its end");
+        if !name.starts_with("txfs_ioc_") {
+            rest = &after[body_end..];
+            continue;
+        }
         let body = &after[body_start..body_end];
         let (mut at, mut align, mut fields) = (0usize, 1usize, Vec::new());
         for decl in body.split(';').map(str::trim).filter(|d| !d.is_empty()) {
@@ -183,9 +189,35 @@ fn the_c_header_agrees_with_the_daemon() {
     assert_eq!(int("TXFS_RUN_BEGIN"), wire::RUN_BEGIN);
     assert_eq!(int("TXFS_RUN_COMMIT"), wire::RUN_COMMIT);
     assert_eq!(int("TXFS_RUN_ABORT"), wire::RUN_ABORT);
+    for (name, value) in changes_constants() {
+        assert_eq!(int(name), value, "{name}");
+    }
     assert_eq!(defs["TXFS_BATCH_MAGIC"].trim_matches('"').as_bytes(), wire::BATCH_MAGIC);
     assert_eq!(defs["TXFS_BATCH_MAX"], "(1u << 20)");
     assert_eq!(wire::BATCH_MAX, 1 << 20);
+}
+
+/// The constants of CHANGES, as both clients name them.
+fn changes_constants() -> Vec<(&'static str, u32)> {
+    use wire::what;
+    vec![
+        ("TXFS_CHANGES_LIST", wire::CHANGES_LIST),
+        ("TXFS_CHANGES_OLD", wire::CHANGES_OLD),
+        ("TXFS_CHANGES_NEW", wire::CHANGES_NEW),
+        ("TXFS_CHANGES_LOST", wire::CHANGES_LOST),
+        ("TXFS_CHANGES_DATA", wire::CHANGES_DATA as u32),
+        ("TXFS_CHANGE_HEAD", wire::CHANGE_HEAD as u32),
+        ("TXFS_CHANGE_CREATED", what::CREATED),
+        ("TXFS_CHANGE_DELETED", what::DELETED),
+        ("TXFS_CHANGE_MODIFIED", what::MODIFIED),
+        ("TXFS_CHANGE_RENAMED", what::RENAMED),
+        ("TXFS_CHANGE_LINKED", what::LINKED),
+        ("TXFS_CHANGE_MODE", what::MODE),
+        ("TXFS_CHANGE_OWNER", what::OWNER),
+        ("TXFS_CHANGE_XATTR", what::XATTR),
+        ("TXFS_CHANGE_TIMES", what::TIMES),
+        ("TXFS_CHANGE_REPLACED", what::REPLACED),
+    ]
 }
 
 /// A Python `struct` format of `_wire.py` ("=II", "=8Q"): size, and the
@@ -269,6 +301,9 @@ fn the_python_module_agrees_with_the_daemon() {
     assert_eq!(ints["TXFS_RUN_BEGIN"], wire::RUN_BEGIN);
     assert_eq!(ints["TXFS_RUN_COMMIT"], wire::RUN_COMMIT);
     assert_eq!(ints["TXFS_RUN_ABORT"], wire::RUN_ABORT);
+    for (name, value) in changes_constants() {
+        assert_eq!(ints.get(name), Some(&value), "{name} in _wire.py");
+    }
     // STATUS_FIELDS names the values of struct txfs_ioc_status in order.
     let start = py.find("STATUS_FIELDS = (").expect("STATUS_FIELDS");
     let names: Vec<&str> = py[start..][..py[start..].find(')').expect(")")].split('"').skip(1).step_by(2).collect();
