@@ -41,6 +41,9 @@
 #define TXFS_API __attribute__((visibility("default")))
 
 #define TXFS_FSTYPE "fuse.txfs"
+/* A root `txfs run`'s transaction view, mounted over the shared mount in the
+ * run's own mount namespace: its processes reach the mount through it. */
+#define TXFS_VIEW_FSTYPE "fuse.txfs-view"
 #define TXFS_DEFAULT_MOUNTINFO "/proc/self/mountinfo"
 #ifndef FUSE_SUPER_MAGIC
 #define FUSE_SUPER_MAGIC 0x65735546
@@ -282,12 +285,12 @@ struct mount_entry {
     char *point; /* unescaped mount point */
 };
 
-/* "fuse.txfs"; or plain "fuse" with the source "txfs" or "txfs:BACKING", as
+/* "fuse.txfs" or "fuse.txfs-view"; or plain "fuse" with the source "txfs" or "txfs:BACKING", as
  * a daemon mounting with mount(2) directly (as root, without fusermount3)
  * may leave it when its FUSE library drops the subtype. */
 static int is_txfs(const char *fstype, const char *source)
 {
-    if (strcmp(fstype, TXFS_FSTYPE) == 0)
+    if (strcmp(fstype, TXFS_FSTYPE) == 0 || strcmp(fstype, TXFS_VIEW_FSTYPE) == 0)
         return 1;
     if (strcmp(fstype, "fuse") != 0 || !source)
         return 0;

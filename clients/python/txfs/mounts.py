@@ -28,6 +28,9 @@ PathArg = Union[str, "os.PathLike[str]"]
 #: elsewhere, or pass ``mountinfo=`` to the functions below.
 MOUNTINFO = "/proc/self/mountinfo"
 FSTYPE = "fuse.txfs"
+#: A root ``txfs run``'s transaction view, mounted over the shared mount in
+#: the run's own mount namespace (its processes reach the mount through it).
+VIEW_FSTYPE = "fuse.txfs-view"
 
 _OCTAL = re.compile(r"\\([0-3][0-7][0-7])")
 
@@ -50,7 +53,7 @@ def unescape(field: str) -> str:
 
 def is_txfs(fstype: str, source: Optional[str]) -> bool:
     """Whether a mountinfo line's type and source name a txfs mount."""
-    if fstype == FSTYPE:
+    if fstype in (FSTYPE, VIEW_FSTYPE):
         return True
     if fstype != "fuse" or source is None:
         return False
