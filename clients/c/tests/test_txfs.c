@@ -871,7 +871,14 @@ static int t_changes_lists_the_transaction(void)
     CHECK_ERR((int)txfs_change_read(it, &got[0], 1, 0, buf, sizeof buf), ENOENT);
     CHECK_ERR((int)txfs_change_read(it, &got[2], 0, 0, buf, sizeof buf), ENOENT);
 
-    /* A newer listing replaces this one's snapshot. */
+    /* Listed again with nothing changed: the same snapshot, which goes on
+     * answering (the daemon does not work it out again). */
+    txfs_changes_t *same = txfs_changes();
+    CHECK(same, "an unchanged listing: %s", en(errno));
+    CHECK(txfs_change_read(it, &got[1], 1, 0, buf, sizeof buf) == 19, "the first listing still reads");
+    txfs_changes_free(same);
+    /* After a change, a newer listing replaces this one's snapshot. */
+    CHECK_OK(write_file(J(dir, "mod"), "new content, longer"));
     txfs_changes_t *again = txfs_changes();
     CHECK(again, "a second listing: %s", en(errno));
     CHECK_ERR((int)txfs_change_read(it, &got[1], 1, 0, buf, sizeof buf), ESTALE);
@@ -911,6 +918,9 @@ static int t_changes_many_pages(void)
     txfs_changes_t *it = txfs_changes();
     CHECK(it, "txfs_changes: %s", en(errno));
     CHECK(txfs_changes_next(it) != NULL, "a first change: %s", en(errno));
+    /* A change (the same bytes again) makes the next listing a new one. */
+    snprintf(name, sizeof name, "%04d-%0196d", 0, 0);
+    CHECK_OK(write_file(J(dir, name), "x"));
     txfs_changes_t *newer = txfs_changes();
     CHECK(newer, "a second listing: %s", en(errno));
     size_t stale = 1;

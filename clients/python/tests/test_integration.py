@@ -1013,6 +1013,8 @@ def test_changes_list_the_transaction_and_read_both_sides(work: str, mnt: str) -
                 side()
             assert ei.value.errno == errno.ENOENT
 
+        with open(j("mod"), "w") as f:  # a change: the next listing is new
+            f.write("new content, longer")
         newer = txfs.changes()  # replaces the first listing's snapshot
         with pytest.raises(OSError) as ei:
             modified.read_new()

@@ -216,9 +216,15 @@ fn explicit_times_are_listed_and_write_times_are_not() {
     let when = Timestamp { secs: 1_000_000, nanos: 0 };
     e.setattr(Some(t), x, &SetAttr { mtime: Some(when), atime: Some(when), ..Default::default() }).unwrap();
     put(&e, Some(t), "d/b", b"bee2");
+    // As open(O_TRUNC) does: a setattr of the size and mtime, then writes.
+    let a = obj(&e, Some(t), "a");
+    let now = Timestamp { secs: 2_000_000_000, nanos: 0 };
+    e.setattr(Some(t), a, &SetAttr { size: Some(0), mtime: Some(now), ..Default::default() }).unwrap();
+    e.write(Some(t), a, 0, b"new").unwrap();
     let set = e.changes(t).unwrap();
     assert_eq!(at(&set, "keep/x").what, what::TIMES);
     assert_eq!(at(&set, "d/b").what, what::MODIFIED);
+    assert_eq!(at(&set, "a").what, what::MODIFIED, "a truncate's mtime is not an explicit time");
     e.abort(t).unwrap();
 }
 
@@ -256,5 +262,67 @@ fn a_hundred_thousand_paths_are_listed_in_sorted_order() {
     assert_eq!(set[0].files, 100_000);
     let want: Vec<PathBuf> = (0..100_000u32).map(|i| PathBuf::from(format!("many/f{i:06}"))).collect();
     assert!(set[1..].iter().map(|c| &c.path).eq(want.iter()));
+    e.abort(t).unwrap();
+}
+
+#[test]
+fn a_truncate_grown_back_to_the_old_size_is_a_modification() {
+    let e = seeded();
+    let t = e.begin();
+    let a = obj(&e, Some(t), "a");
+    e.truncate(Some(t), a, 0).unwrap();
+    e.truncate(Some(t), a, 6).unwrap();
+    let set = e.changes(t).unwrap();
+    assert_eq!(at(&set, "a").what, what::MODIFIED, "its bytes are zeros now");
+    e.abort(t).unwrap();
+}
+
+#[test]
+fn a_path_another_object_takes_through_a_moved_directory_is_no_replacement() {
+    // rm a/x; mv a a_old; mv b a: the deletion is of the old a/x, listed
+    // where it was; the new a/x is b/x, moved with its directory (and
+    // changed): two changes, never one "replaced" pairing unrelated files.
+    let e = engine();
+    for d in ["a", "b"] {
+        mkdir(&e, None, d);
+    }
+    put(&e, None, "a/x", b"A\n");
+    put(&e, None, "b/x", b"B\n");
+    e.checkpoint().unwrap();
+    let t = e.begin();
+    unlink(&e, Some(t), "a/x");
+    rename(&e, Some(t), "a", "a_old");
+    rename(&e, Some(t), "b", "a");
+    put(&e, Some(t), "a/x", b"B\nmore\n");
+    let set = e.changes(t).unwrap();
+    let list: Vec<(String, u32)> = set.iter().map(|c| (c.path.display().to_string(), c.what)).collect();
+    let want = [("a", what::RENAMED), ("a/x", what::DELETED), ("a/x", what::MODIFIED), ("a_old", what::RENAMED)];
+    assert_eq!(list, want.map(|(p, w)| (p.to_string(), w)));
+    let moved = &set[2];
+    assert_eq!(moved.from.as_deref(), Some(Path::new("b/x")), "where it was");
+    let old = moved.old.as_ref().unwrap().obj;
+    assert_eq!(e.read_change(t, old, false, 0, 100).unwrap().1, b"B\n", "its own old side");
+    assert_eq!(set[1].old.as_ref().unwrap().size, 2);
+    e.abort(t).unwrap();
+}
+
+#[test]
+fn a_name_taken_over_by_a_rename_while_its_object_moves_on_is_two_renames() {
+    // mv keep/x keep/y; mv d/b keep/x: keep/x is not replaced (its object
+    // lives on at keep/y).
+    let e = seeded();
+    let t = e.begin();
+    rename(&e, Some(t), "keep/x", "keep/y");
+    rename(&e, Some(t), "d/b", "keep/x");
+    let set = e.changes(t).unwrap();
+    let list: Vec<(String, u32, Option<PathBuf>)> =
+        set.iter().map(|c| (c.path.display().to_string(), c.what, c.from.clone())).collect();
+    assert_eq!(
+        list,
+        [
+            ("keep/x".to_string(), what::RENAMED, Some(PathBuf::from("d/b"))),
+            ("keep/y".to_string(), what::RENAMED, Some(PathBuf::from("keep/x"))),
+        ]
+    );
     e.abort(t).unwrap();
 }

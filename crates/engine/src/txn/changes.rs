@@ -216,6 +216,8 @@ impl State {
         // Names each object lost and gained: (dir, name).
         let mut lost: HashMap<ObjId, Vec<(ObjId, OsString)>> = HashMap::new();
         let mut gained: HashMap<ObjId, Vec<(ObjId, OsString)>> = HashMap::new();
+        // Entries that name another object than before: the old one, by entry.
+        let mut replaced: HashMap<(ObjId, OsString), ObjId> = HashMap::new();
         for (dir, entries) in &tx.delta.dirs {
             let made_here = tx.delta.created.contains_key(dir);
             for (name, now) in entries {
@@ -229,8 +231,14 @@ impl State {
                 if let Some(o) = now {
                     gained.entry(*o).or_default().push((*dir, name.clone()));
                 }
+                if let (Some(old), Some(_)) = (before, now) {
+                    replaced.insert((*dir, name.clone()), old);
+                }
             }
         }
+        // The old object of a replaced entry that lives on under another
+        // name (`mv a b; mv c a`) was not replaced: it moved.
+        replaced.retain(|_, old| !gained.contains_key(old));
         let committed = &self.committed;
         let mut old_names = Names::new(&[committed]);
         let mut new_names = Names::new(&[committed, &tx.delta]);
@@ -270,6 +278,39 @@ impl State {
                     // changes are listed at its own name.
                     c.what = what::LINKED;
                     c.old = old_attr(o);
+                }
+                if let Some(&old) = replaced.get(&(*dir, name.clone())) {
+                    // This entry named `old` before: one change, not a
+                    // deletion of `old` beside it.
+                    if let Some(names) = lost.get_mut(&old) {
+                        names.retain(|l| (l.0, &l.1) != (*dir, name));
+                    }
+                    c.what |= what::REPLACED;
+                    let old_kind = this.node_kind(old)?;
+                    c.old_target = (old_kind == FileKind::Symlink).then(|| this.target_unrecorded(None, old)).flatten();
+                    if created {
+                        let before = old_attr(old);
+                        if old_kind == kind {
+                            // A new file in the old one's place: to the
+                            // user, its content changed (another kind:
+                            // just replaced).
+                            c.what &= !what::CREATED;
+                            if kind == FileKind::File {
+                                c.what |= what::MODIFIED;
+                            }
+                            if let (Some(b), Some(n)) = (&before, &c.new) {
+                                if b.mode != n.mode {
+                                    c.what |= what::MODE;
+                                }
+                                if (b.uid, b.gid) != (n.uid, n.gid) {
+                                    c.what |= what::OWNER;
+                                }
+                            }
+                        }
+                        c.old = before;
+                    }
+                }
+                if c.what & what::LINKED != 0 {
                     out.push(c);
                     continue;
                 }
@@ -301,7 +342,10 @@ impl State {
             let od = &tx.delta.objs[&o];
             let (Some(old), Some(new)) = (old_attr(o), new_attr(o)) else { continue };
             let mut bits = 0;
-            if od.file.is_some() && (old.size != new.size || od.file.as_ref().is_some_and(|f| !f.ext.is_empty())) {
+            // Bytes written, or the old ones cut (a truncate, even one
+            // grown back to the old size: the tail reads as zeros now).
+            let touched = od.file.as_ref().is_some_and(|f| !f.ext.is_empty() || f.cut < old.size);
+            if od.file.is_some() && (old.size != new.size || touched) {
                 bits |= what::MODIFIED;
             }
             if old.mode != new.mode {
@@ -310,7 +354,12 @@ impl State {
             if (old.uid, old.gid) != (new.uid, new.gid) {
                 bits |= what::OWNER;
             }
-            if tx.explicit.contains(&o) && (old.atime, old.mtime) != (new.atime, new.mtime) {
+            // Times set by utimensat or touch, not the mtime a truncate
+            // (open with O_TRUNC: the kernel's setattr carries it) or a
+            // write gives the content it changed.
+            let atime = old.atime != new.atime;
+            let mtime = old.mtime != new.mtime && bits & what::MODIFIED == 0;
+            if tx.explicit.contains(&o) && (atime || mtime) {
                 bits |= what::TIMES;
             }
             let mut xattrs = Vec::new();
@@ -329,7 +378,10 @@ impl State {
                 Some(&i) => i,
                 None => {
                     let Some(path) = new_names.path(this, o) else { continue };
-                    out.push(Change::new(path, 0, new.kind));
+                    let mut c = Change::new(path, 0, new.kind);
+                    // Moved with a directory above it: where it was.
+                    c.from = old_names.path(this, o).filter(|p| *p != c.path);
+                    out.push(c);
                     out.len() - 1
                 }
             };
@@ -344,43 +396,11 @@ impl State {
     }
 }
 
-/// Sorts, folds a deletion and a creation (or rename) at one path into one
-/// replacement, and counts what was created or deleted below directories.
+/// Sorts, and counts what was created or deleted below directories.
 fn finish(mut out: Vec<Change>) -> Vec<Change> {
-    // Deletions first at a path, then the rest.
+    // Deletions first at a path (an old path another object now has).
     out.sort_by(|a, b| a.path.cmp(&b.path).then((b.what & what::DELETED).cmp(&(a.what & what::DELETED))));
-    let mut folded: Vec<Change> = Vec::with_capacity(out.len());
-    for c in out {
-        if let Some(prev) = folded.last_mut() {
-            if prev.path == c.path && prev.what == what::DELETED && c.what & what::DELETED == 0 {
-                let old = prev.clone();
-                *prev = c;
-                prev.what |= what::REPLACED;
-                if prev.what & what::CREATED != 0 && old.kind == prev.kind {
-                    // A new file in the old one's place: to the user, its
-                    // content changed. (Another kind: just replaced.)
-                    prev.what &= !what::CREATED;
-                    if prev.kind == FileKind::File {
-                        prev.what |= what::MODIFIED;
-                    }
-                    if let (Some(o), Some(n)) = (&old.old, &prev.new) {
-                        if o.mode != n.mode {
-                            prev.what |= what::MODE;
-                        }
-                        if (o.uid, o.gid) != (n.uid, n.gid) {
-                            prev.what |= what::OWNER;
-                        }
-                    }
-                }
-                if prev.from.is_none() {
-                    prev.old = old.old;
-                }
-                prev.old_target = old.old_target;
-                continue;
-            }
-        }
-        folded.push(c);
-    }
+    let mut folded = out;
     // Created (deleted) directories: count what was created (deleted)
     // below them. What is below a path follows it in component order.
     let mut open: Vec<usize> = Vec::new();
@@ -420,6 +440,14 @@ impl Engine {
         let r = st.changes(&t);
         st.txs.insert(tx, t);
         r
+    }
+
+    /// A value that differs from the last one whenever `tx`'s change set
+    /// may have changed since: a new operation of it or a new commit.
+    pub fn changes_version(&self, tx: TxId) -> Result<(u64, u64)> {
+        let st = self.lock();
+        let t = st.txs.get(&tx).ok_or(Error::NoSuchTx(tx))?;
+        Ok((t.ops, st.seq.0))
     }
 
     /// `o`'s attributes and up to `len` bytes at `off` of it, as the

@@ -210,6 +210,7 @@ impl Engine {
                 let res = match &t.doomed {
                     Some(d) => Err(d.error(id)),
                     None => {
+                        t.ops += 1;
                         let r = f(&mut st, &mut t);
                         // Past a cap the operation fails, whatever it did
                         // (a conflict it met stays the reason: a rerun may

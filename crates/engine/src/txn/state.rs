@@ -100,6 +100,9 @@ pub(crate) struct Tx {
     /// Its commit is waiting for `inflight`: new writes take the locked
     /// path, so a stream of writes from other threads cannot starve it.
     pub(super) committing: bool,
+    /// Operations it ran: with the commit counter, tells whether its
+    /// change set can have changed since it was last listed (changes.rs).
+    pub(super) ops: u64,
 }
 
 impl Tx {
@@ -129,6 +132,7 @@ impl Tx {
             explicit: Default::default(),
             inflight: 0,
             committing: false,
+            ops: 0,
         }
     }
 }

@@ -499,6 +499,7 @@ impl Engine {
             return Err(Error::NoSuchTx(tx.unwrap_or(TxId(0))));
         };
         t.inflight = t.inflight.saturating_sub(1);
+        t.ops += 1;
         if t.inflight == 0 {
             // A commit of `t` may be waiting for its copies.
             self.shared.copied.notify_all();

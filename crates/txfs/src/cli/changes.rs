@@ -235,11 +235,18 @@ fn line(c: &ChangeRec) -> String {
             _ => {}
         }
     }
+    if w & what::RENAMED == 0 && !c.from.is_empty() {
+        details.push(format!("was {}", shown(&c.from)));
+    }
     if w & what::MODIFIED != 0 {
+        let (old, new) = (super::human(c.old_size), super::human(c.new_size));
         let sizes = if c.old_size == c.new_size {
-            super::human(c.new_size)
+            new
+        } else if old == new {
+            // Sizes that round alike: the bytes.
+            format!("{} B → {} B", c.old_size, c.new_size)
         } else {
-            format!("{} → {}", super::human(c.old_size), super::human(c.new_size))
+            format!("{old} → {new}")
         };
         details.push(format!("{sizes}, {} written", super::human(c.bytes)));
     }
@@ -330,8 +337,11 @@ fn json(c: &ChangeRec) -> serde_json::Value {
     if std::str::from_utf8(&c.path).is_err() {
         m.insert("path_hex".into(), c.path.iter().map(|b| format!("{b:02x}")).collect::<String>().into());
     }
-    if w & what::RENAMED != 0 {
+    if !c.from.is_empty() {
         m.insert("from".into(), text(&c.from));
+        if std::str::from_utf8(&c.from).is_err() {
+            m.insert("from_hex".into(), c.from.iter().map(|b| format!("{b:02x}")).collect::<String>().into());
+        }
     }
     if !c.target.is_empty() {
         m.insert("target".into(), text(&c.target));
@@ -370,13 +380,11 @@ fn diff(src: &Source, snap: u32, i: usize, c: &ChangeRec, out: &mut dyn Write) -
             r => r,
         }
     };
-    let old_name = if old_file {
-        format!("a/{}", shown(if c.from.is_empty() { &c.path } else { &c.from }))
-    } else {
-        "/dev/null".into()
-    };
-    let new_name =
-        if new_file && c.what & what::DELETED == 0 { format!("b/{}", shown(&c.path)) } else { "/dev/null".into() };
+    // As git: `a/PATH`, the whole name quoted when the path needs it.
+    let side = |prefix: &[u8], p: &[u8]| shown(&[prefix, p].concat());
+    let old_name =
+        if old_file { side(b"a/", if c.from.is_empty() { &c.path } else { &c.from }) } else { "/dev/null".into() };
+    let new_name = if new_file && c.what & what::DELETED == 0 { side(b"b/", &c.path) } else { "/dev/null".into() };
     let (old, new) = (read(false, old_file)?, read(true, new_file && c.what & what::DELETED == 0)?);
     let (Some(old), Some(new)) = (old, new) else {
         return writeln!(out, "(not shown: {} is too large to diff, or not readable by you)\n", shown(&c.path));

@@ -11,7 +11,8 @@
 //! make it conflict.
 //!
 //! Who may look: the transaction's own threads and processes (`pid` 0),
-//! and the `txfs run` that registered a tree (its pid). File contents are
+//! and the `txfs run` that registered a tree (its pid; ENOENT for anyone
+//! else). File contents are
 //! answered only to a caller whose credentials may read the file by its
 //! mode, on the side asked for.
 
@@ -31,6 +32,10 @@ use txfs_engine::{Attr, Change, FileKind, ObjId, TxId};
 /// sides of each change, by position.
 struct Listing {
     snap: u32,
+    /// [`Engine::changes_version`](txfs_engine::Engine::changes_version)
+    /// when it was taken: a listing from 0 at the same version is this one
+    /// again (repeated listings do not hold the engine lock each time).
+    version: (u64, u64),
     bytes: Vec<u8>,
     sides: Vec<(Option<ObjId>, Option<ObjId>)>,
 }
@@ -91,9 +96,11 @@ impl TxFs {
             return Err(Errno::from_i32(libc::EINVAL));
         }
         let caller = procfs::process_of(me.tid).ok_or(Errno::from_i32(libc::ESRCH))?;
+        // ENOENT alike for no tree and another's: which pids are runs is
+        // not the caller's to learn.
         let (tx, owner, owner_start, alive) = self.txs.tree(pid).ok_or(Errno::from_i32(libc::ENOENT))?;
         if !alive || owner != caller || procfs::start_time(caller) != Some(owner_start) {
-            return Err(Errno::from_i32(libc::EPERM));
+            return Err(Errno::from_i32(libc::ENOENT));
         }
         Ok(tx)
     }
@@ -110,7 +117,11 @@ impl TxFs {
             wire::Changes { pid: req.pid, op: req.op, offset: req.offset, index: req.index, ..Default::default() };
         match req.op {
             wire::CHANGES_LIST => {
-                let l = if req.offset == 0 {
+                let version = self.engine.changes_version(tx).map_err(|e| errno(&e))?;
+                let same = || listings.map.lock().get(&tx).filter(|l| l.version == version).cloned();
+                let l = if let Some(l) = same().filter(|_| req.offset == 0) {
+                    l
+                } else if req.offset == 0 {
                     let set = self.engine.changes(tx).map_err(|e| errno(&e))?;
                     let mut bytes = Vec::new();
                     for c in &set {
@@ -118,7 +129,7 @@ impl TxFs {
                     }
                     let sides = set.iter().map(|c| (c.old.as_ref().map(|a| a.obj), c.new.as_ref().map(|a| a.obj)));
                     let snap = listings.next.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-                    let l = Arc::new(Listing { snap, bytes, sides: sides.collect() });
+                    let l = Arc::new(Listing { snap, version, bytes, sides: sides.collect() });
                     listings.map.lock().insert(tx, l.clone());
                     l
                 } else {
