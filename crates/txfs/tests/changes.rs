@@ -132,10 +132,6 @@ fn txfs_diff_lists_the_callers_own_transaction() {
         let want = [("log".to_string(), "deleted".to_string()), ("made".to_string(), "created".to_string())];
         assert_eq!(statuses(&v), want, "view={view}");
     }
-    // Outside any transaction: a clear error, status 1.
-    let out = m.txfs().arg("diff").output().unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not in a transaction"), "{out:?}");
 }
 
 #[test]
@@ -207,4 +203,25 @@ fn a_conflict_while_confirm_waits_fails_the_commit_whole() {
     assert!(!m.path("copy").exists() && !m.path("second").exists(), "half applied");
     assert_eq!(std::fs::read_to_string(m.path("keep")).unwrap(), "changed meanwhile");
     assert_eq!(m.live_txs(), 0);
+}
+
+#[test]
+fn txfs_diff_started_from_a_thread_transaction_lists_it() {
+    // A program in fs_tx_begin() runs `txfs diff` (system, subprocess): the
+    // child is in no transaction; the thread's above it is listed. (No
+    // other test of this file begins a thread transaction: one per process
+    // is what makes it unambiguous.)
+    let m = seeded();
+    m.begin().unwrap();
+    std::fs::write(m.path("by-thread"), "t").unwrap();
+    let out = m.txfs().args(["diff", "--json"]).output().unwrap();
+    let listed = out.status.success().then(|| statuses(&json_of(&out)));
+    m.abort().unwrap();
+    assert_eq!(listed, Some(vec![("by-thread".to_string(), "created".to_string())]), "{out:?}");
+    assert!(!m.path("by-thread").exists());
+    // Outside any transaction (here, after the abort: checked in this test
+    // so that no other thread of this process is in one): status 1.
+    let out = m.txfs().arg("diff").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not in a transaction"), "{out:?}");
 }

@@ -463,6 +463,20 @@ impl TxMap {
         }
     }
 
+    /// The thread transactions (owned, not joined to a tree) of the
+    /// threads of process `pid`, with their begins' credentials. /proc is
+    /// read outside the lock.
+    pub fn threads_of(&self, pid: u32) -> Vec<(TxId, Creds)> {
+        let all: Vec<(u32, TxId, Creds)> = {
+            let g = self.inner.lock();
+            g.threads.iter().filter(|(_, t)| t.owned).map(|(tid, t)| (*tid, t.tx, t.creds)).collect()
+        };
+        all.into_iter()
+            .filter(|(tid, _, _)| super::procfs::process_of(*tid) == Some(pid))
+            .map(|(_, tx, c)| (tx, c))
+            .collect()
+    }
+
     pub fn thread(&self, tid: u32) -> Option<(TxId, u32, bool)> {
         self.inner.lock().threads.get(&tid).map(|t| (t.tx, t.depth, t.owned))
     }

@@ -493,7 +493,8 @@ impl Pager {
 }
 
 /// `txfs diff`: the change set of the caller's own transaction (a shell
-/// under `txfs run`) on the mount at `point`.
+/// under `txfs run`), or of the thread transaction of the program that
+/// started it, on the mount at `point`.
 pub fn diff_cmd(mount: Option<&std::path::Path>, show: Show) -> Result<(), String> {
     let point = crate::attribution::mountinfo::resolve(mount, &[]).map_err(|e| e.to_string())?;
     let dir = std::fs::File::open(&point).map_err(|e| format!("{}: {e}", point.display()))?;

@@ -212,7 +212,8 @@ enum Cmd {
     /// `txfs run`): per path, created, deleted, modified, renamed, ...
     ///
     /// Lists the caller's own transaction on the mount: run it in a shell
-    /// started by `txfs run -- bash`, or from any process of such a run.
+    /// started by `txfs run -- bash`, from any process of such a run, or
+    /// from a program's thread inside fs_tx_begin() (system, subprocess).
     /// Listing records nothing: it cannot make the transaction conflict.
     #[command(after_help = concat!(
         "Examples:\n",

@@ -90,7 +90,7 @@ impl TxFs {
             if self.txs.claim(me) == Claim::Foreign {
                 return Err(Errno::from_i32(libc::EPERM));
             }
-            return self.tx_of(me).ok_or(Errno::from_i32(libc::EINVAL));
+            return self.tx_of(me).or_else(|| self.ancestors_tx(me)).ok_or(Errno::from_i32(libc::EINVAL));
         }
         if self.view().is_some() {
             return Err(Errno::from_i32(libc::EINVAL));
@@ -103,6 +103,33 @@ impl TxFs {
             return Err(Errno::from_i32(libc::ENOENT));
         }
         Ok(tx)
+    }
+
+    /// For a caller in no transaction: the thread transaction of the
+    /// nearest process above it that has exactly one, begun with the
+    /// caller's credentials (or any, for root) — `txfs diff` run by a
+    /// program from a thread inside `fs_tx_begin()` (`system`, `popen`,
+    /// `subprocess`), which the thread's transaction does not include.
+    /// Only listings: nothing else of the transaction is the child's.
+    fn ancestors_tx(&self, me: Caller) -> Option<TxId> {
+        let mut p = procfs::process_of(me.tid)?;
+        for _ in 0..16 {
+            p = procfs::parent_of(p).filter(|&q| q > 1)?;
+            let mine: Vec<TxId> = self
+                .txs
+                .threads_of(p)
+                .into_iter()
+                .filter(|(_, c)| me.uid == 0 || *c == me.creds())
+                .map(|(tx, _)| tx)
+                .collect();
+            match mine[..] {
+                [tx] => return Some(tx),
+                [] => continue,
+                // Several threads in transactions: which one is not ours to guess.
+                _ => return None,
+            }
+        }
+        None
     }
 
     /// CHANGES's answer.
