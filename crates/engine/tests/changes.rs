@@ -326,3 +326,47 @@ fn a_name_taken_over_by_a_rename_while_its_object_moves_on_is_two_renames() {
     );
     e.abort(t).unwrap();
 }
+
+#[test]
+fn a_hard_linked_file_changed_in_place_is_listed_at_a_name_it_keeps() {
+    let e = seeded();
+    let x = obj(&e, None, "keep/x");
+    e.link(None, x, ObjId::ROOT, os("h")).unwrap();
+    // Renamed away and back, then chmod: at keep/x or h, never "from" the other.
+    let t = e.begin();
+    rename(&e, Some(t), "keep/x", "keep/x2");
+    rename(&e, Some(t), "keep/x2", "keep/x");
+    e.setattr(Some(t), x, &SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
+    let set = e.changes(t).unwrap();
+    assert_eq!(set.len(), 1, "{set:#?}");
+    assert_eq!((set[0].what, set[0].from.as_deref()), (what::MODE, None));
+    e.abort(t).unwrap();
+    // One name removed, the file changed through the other: the removal,
+    // and the change at the name it kept (which never moved).
+    let t = e.begin();
+    unlink(&e, Some(t), "keep/x");
+    e.setattr(Some(t), x, &SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
+    let set = e.changes(t).unwrap();
+    let list: Vec<(String, u32, Option<PathBuf>)> =
+        set.iter().map(|c| (c.path.display().to_string(), c.what, c.from.clone())).collect();
+    assert_eq!(list, [("h".to_string(), what::MODE, None), ("keep/x".to_string(), what::DELETED, None)]);
+    e.abort(t).unwrap();
+}
+
+#[test]
+fn a_chmod_of_a_directory_whose_entries_change_lists_no_times() {
+    let e = seeded();
+    let t = e.begin();
+    let keep = obj(&e, Some(t), "keep");
+    e.setattr(Some(t), keep, &SetAttr { mode: Some(0o700), ..Default::default() }).unwrap();
+    put(&e, Some(t), "keep/new", b"n");
+    // A truncate to the size a file has (open with O_TRUNC of an empty
+    // file) carries an mtime too: no times either.
+    let a = obj(&e, Some(t), "d/b");
+    let now = Timestamp { secs: 2_000_000_000, nanos: 0 };
+    e.setattr(Some(t), a, &SetAttr { size: Some(3), mtime: Some(now), ..Default::default() }).unwrap();
+    let set = e.changes(t).unwrap();
+    assert_eq!(at(&set, "keep").what, what::MODE);
+    assert!(set.iter().all(|c| c.path != Path::new("d/b")), "{set:#?}");
+    e.abort(t).unwrap();
+}

@@ -108,7 +108,9 @@ impl Tx {
         let maps = d.objs.len() as u64 * OBJ
             + d.dirs.len() as u64 * OBJ
             + d.created.len() as u64 * NEW
-            + (d.parents.len() + self.explicit.len() + self.staged.len() + self.shadows.len()) as u64 * SMALL
+            + (d.parents.len() + self.explicit.len() + self.timed.len() + self.staged.len() + self.shadows.len())
+                as u64
+                * SMALL
             + (r.metas.len() + r.lists.len() + r.names.len() + r.pages.len()) as u64 * READ;
         self.mem_bytes + self.book + maps
     }
@@ -215,6 +217,7 @@ impl State {
             std::mem::take(&mut tx.reads),
             std::mem::take(&mut tx.explicit),
             std::mem::take(&mut tx.counted),
+            std::mem::take(&mut tx.timed),
         );
         self.graveyard.push(Box::new(parts));
         tx.staged.clear();

@@ -145,6 +145,23 @@ impl<'a> Names<'a> {
         None
     }
 
+    /// Every name of `o` in this view, in [`Names::loc`]'s order.
+    fn locs(&self, st: &State, o: ObjId) -> Vec<(ObjId, OsString)> {
+        let all = self.layers.len();
+        let mut out: Vec<(ObjId, OsString)> = Vec::new();
+        if let Some(node) = st.nodes.get(&o) {
+            let base = node.base.iter().chain(&node.alts).filter(|b| !self.shadowed(all, b.parent, &b.name));
+            out.extend(base.map(|b| (b.parent, b.name.clone())));
+        }
+        for (i, m) in self.by_obj.iter().enumerate().rev() {
+            let mut locs: Vec<&(ObjId, &OsStr)> =
+                m.get(&o).into_iter().flatten().filter(|(d, n)| !self.shadowed(i, *d, n)).collect();
+            locs.sort();
+            out.extend(locs.into_iter().map(|(d, n)| (*d, n.to_os_string())));
+        }
+        out
+    }
+
     /// The path of `o` below the root in this view, if it has a name.
     fn path(&mut self, st: &State, o: ObjId) -> Option<PathBuf> {
         if o == ObjId::ROOT {
@@ -355,11 +372,9 @@ impl State {
                 bits |= what::OWNER;
             }
             // Times set by utimensat or touch, not the mtime a truncate
-            // (open with O_TRUNC: the kernel's setattr carries it) or a
-            // write gives the content it changed.
-            let atime = old.atime != new.atime;
-            let mtime = old.mtime != new.mtime && bits & what::MODIFIED == 0;
-            if tx.explicit.contains(&o) && (atime || mtime) {
+            // (open with O_TRUNC: the kernel's setattr carries it), a
+            // write or a change of a directory's entries gives.
+            if tx.timed.contains(&o) && (old.atime, old.mtime) != (new.atime, new.mtime) {
                 bits |= what::TIMES;
             }
             let mut xattrs = Vec::new();
@@ -377,10 +392,24 @@ impl State {
             let idx = match primary.get(&o) {
                 Some(&i) => i,
                 None => {
-                    let Some(path) = new_names.path(this, o) else { continue };
+                    // At a name it had and keeps (of a file with several,
+                    // not one it gained or lost), if any.
+                    let kept = old_names.locs(this, o).into_iter().find(|(d, n)| match tx.delta.entry(*d, n) {
+                        None => true,
+                        Some(e) => e == Some(o),
+                    });
+                    let at =
+                        kept.and_then(|(d, n)| Some((in_dir(&mut new_names, d, &n)?, in_dir(&mut old_names, d, &n))));
+                    let (path, before) = match at {
+                        Some((p, b)) => (p, b),
+                        None => match new_names.path(this, o) {
+                            Some(p) => (p, old_names.path(this, o)),
+                            None => continue,
+                        },
+                    };
                     let mut c = Change::new(path, 0, new.kind);
                     // Moved with a directory above it: where it was.
-                    c.from = old_names.path(this, o).filter(|p| *p != c.path);
+                    c.from = before.filter(|p| *p != c.path);
                     out.push(c);
                     out.len() - 1
                 }

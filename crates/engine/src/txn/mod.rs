@@ -366,6 +366,9 @@ impl Engine {
                 }
             }
             t.explicit.insert(o);
+            if (set.atime.is_some() || set.mtime.is_some()) && set.size.is_none() {
+                t.timed.insert(o);
+            }
             let a = &mut t.delta.obj(o).attr;
             a.mode = mode.or(a.mode);
             a.uid = set.uid.or(a.uid);

@@ -92,6 +92,10 @@ pub(crate) struct Tx {
     /// Objects whose attributes the transaction set itself (setattr), as
     /// opposed to times that its namespace changes bumped.
     pub(super) explicit: std::collections::HashSet<ObjId>,
+    /// Of those, the ones whose times it set (utimensat, touch), as opposed
+    /// to the mtime a truncate's setattr carries: what a change set lists
+    /// as `times` (changes.rs).
+    pub(super) timed: std::collections::HashSet<ObjId>,
     /// Writes reserved in its data files whose bytes are still being copied
     /// outside the engine lock. Its commit waits for them: a shadow's bytes
     /// sit where the committed delta points, so a copy landing after the
@@ -130,6 +134,7 @@ impl Tx {
             shadows: HashMap::new(),
             data_dirty: false,
             explicit: Default::default(),
+            timed: Default::default(),
             inflight: 0,
             committing: false,
             ops: 0,

@@ -396,9 +396,29 @@ fn diff(src: &Source, snap: u32, i: usize, c: &ChangeRec, out: &mut dyn Write) -
         .algorithm(similar::Algorithm::Myers)
         .timeout(std::time::Duration::from_secs(2))
         .diff_lines(&old[..], &new[..]);
+    // Written by hand, not by `UnifiedDiff`'s writer: that one makes bytes
+    // that are not UTF-8 U+FFFD, and the patch would not apply.
     let mut u = d.unified_diff();
-    u.context_radius(3).header(&old_name, &new_name);
-    u.to_writer(&mut *out)?;
+    u.context_radius(3);
+    let mut first = true;
+    for hunk in u.iter_hunks() {
+        if std::mem::take(&mut first) {
+            writeln!(out, "--- {old_name}\n+++ {new_name}")?;
+        }
+        writeln!(out, "{}", hunk.header())?;
+        for change in hunk.iter_changes() {
+            let sign = match change.tag() {
+                similar::ChangeTag::Delete => b'-',
+                similar::ChangeTag::Insert => b'+',
+                similar::ChangeTag::Equal => b' ',
+            };
+            out.write_all(&[sign])?;
+            out.write_all(change.value())?;
+            if change.missing_newline() {
+                out.write_all(b"\n\\ No newline at end of file\n")?;
+            }
+        }
+    }
     Ok(())
 }
 
