@@ -370,3 +370,50 @@ fn a_chmod_of_a_directory_whose_entries_change_lists_no_times() {
     assert!(set.iter().all(|c| c.path != Path::new("d/b")), "{set:#?}");
     e.abort(t).unwrap();
 }
+
+#[test]
+fn a_tree_deeper_than_any_walk_bound_is_listed_whole() {
+    // 4200 levels: past the 4096 that walks up the tree once stopped at.
+    let e = engine();
+    let t = e.begin();
+    let mut dir = ObjId::ROOT;
+    for _ in 0..4200 {
+        dir = e.mkdir(Some(t), dir, os("d"), 0o755, 0, 0).unwrap().obj;
+    }
+    e.create(Some(t), dir, os("leaf"), 0o644, 0, 0).unwrap();
+    let set = e.changes(t).unwrap();
+    assert_eq!(set.len(), 4201);
+    assert_eq!((set[0].path.as_os_str().len(), set[0].files, set[0].dirs), (1, 1, 4199));
+    assert_eq!(set[4200].path.components().count(), 4201, "the leaf, at its whole path");
+    e.abort(t).unwrap();
+}
+
+#[test]
+fn a_tree_deeper_than_4096_levels_checkpoints() {
+    // The checkpoint's walk up the tree stopped at 4096 levels: the
+    // objects below were "stale", the checkpoint failed, and the engine
+    // refused everything after (issue 23: a user could brick the mount).
+    let e = engine();
+    let mut dir = ObjId::ROOT;
+    for _ in 0..4200 {
+        dir = e.mkdir(None, dir, os("d"), 0o755, 0, 0).unwrap().obj;
+    }
+    e.create(None, dir, os("leaf"), 0o644, 0, 0).unwrap();
+    e.checkpoint().expect("a tree of 4200 levels checkpoints");
+    let leaf = e.lookup(None, dir, os("leaf")).expect("the leaf after the checkpoint");
+    assert_eq!(leaf.size, 0);
+}
+
+#[test]
+fn a_directory_cannot_move_into_its_own_subtree_however_deep() {
+    // Below 4096 levels the walk up from the target used to stop looking,
+    // and the rename went through: a cycle cut off from the root.
+    let e = engine();
+    let top = e.mkdir(None, ObjId::ROOT, os("top"), 0o755, 0, 0).unwrap().obj;
+    let mut dir = top;
+    for _ in 0..4200 {
+        dir = e.mkdir(None, dir, os("d"), 0o755, 0, 0).unwrap().obj;
+    }
+    let r = e.rename(None, ObjId::ROOT, os("top"), dir, os("loop"), RenameFlags::default());
+    assert_eq!(r.expect_err("a move into its own subtree").errno(), libc::EINVAL);
+}

@@ -184,7 +184,9 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
     let final_path = |st: &State, o: ObjId| -> Option<PathBuf> {
         let mut parts = Vec::new();
         let mut cur = o;
-        for _ in 0..4096 {
+        // Only a cycle ends the walk unfinished: trees may be deeper than
+        // PATH_MAX (4096 levels here made a deeper tree's checkpoint fail).
+        for _ in 0..=crate::txn::state::MAX_DEPTH {
             if cur == ObjId::ROOT {
                 let mut pb = PathBuf::new();
                 for s in parts.iter().rev() {

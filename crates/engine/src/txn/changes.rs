@@ -177,7 +177,9 @@ impl<'a> Names<'a> {
                 break Some(PathBuf::new());
             }
             match self.loc(st, cur) {
-                Some((dir, name)) if chain.len() <= 4096 => {
+                // The bound only stops a cycle: trees may be deeper than
+                // PATH_MAX (issue 23), and their paths are listed whole.
+                Some((dir, name)) if chain.len() <= super::state::MAX_DEPTH => {
                     chain.push((cur, name));
                     cur = dir;
                 }

@@ -517,7 +517,7 @@ impl Engine {
         self.run(None, |st, t| {
             let mut parts = Vec::new();
             let mut cur = dir;
-            while cur != ObjId::ROOT && parts.len() <= 4096 {
+            while cur != ObjId::ROOT && parts.len() <= state::MAX_DEPTH {
                 let parent = st.parent_of(t, cur).ok_or(Error::Stale(cur))?;
                 let name = st.readdir(t, parent)?.into_iter().find(|e| e.obj == cur).ok_or(Error::Stale(cur))?.name;
                 parts.push(name);

@@ -192,8 +192,12 @@ impl State {
                     if c == moving {
                         return Err(Error::posix("rename", format!("{from:?} into its own subtree"), libc::EINVAL));
                     }
-                    if c == ObjId::ROOT || hops > 4096 {
+                    if c == ObjId::ROOT {
                         break;
+                    }
+                    if hops > super::state::MAX_DEPTH {
+                        // Never let a rename through on a walk that did not end.
+                        return Err(Error::posix("rename", format!("{from:?}: a cycle above {to:?}"), libc::ELOOP));
                     }
                     self.read_meta(tx, c)?;
                     cur = self.parent_of(tx, c);

@@ -42,6 +42,11 @@ pub(crate) const META_OBJ: ObjId = ObjId(2);
 pub(crate) const ORPHANS_OBJ: ObjId = ObjId(3);
 pub(crate) const FIRST_FREE_OBJ: u64 = 16;
 
+/// More levels than any walk up a directory tree goes before it takes the
+/// tree for broken (a cycle): far more than any real tree, since trees may
+/// be deeper than PATH_MAX.
+pub(crate) const MAX_DEPTH: usize = 1 << 24;
+
 /// Where an object lives in the backing tree: a name in a directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct BaseLoc {
@@ -246,7 +251,10 @@ impl State {
             parts.push(&loc.name);
             cur = loc.parent;
             guard += 1;
-            if guard > 4096 {
+            // Only a cycle gets here: trees may be deeper than PATH_MAX
+            // (a bound of 4096 levels left deeper objects unreachable,
+            // and their checkpoint failed: issue 23).
+            if guard > MAX_DEPTH {
                 return None;
             }
         }
