@@ -431,27 +431,26 @@ impl State {
 fn finish(mut out: Vec<Change>) -> Vec<Change> {
     // Deletions first at a path (an old path another object now has).
     out.sort_by(|a, b| a.path.cmp(&b.path).then((b.what & what::DELETED).cmp(&(a.what & what::DELETED))));
-    let mut folded = out;
     // Created (deleted) directories: count what was created (deleted)
     // below them. What is below a path follows it in component order.
     let mut open: Vec<usize> = Vec::new();
-    for i in 0..folded.len() {
+    for i in 0..out.len() {
         while let Some(&top) = open.last() {
-            if folded[i].path.starts_with(&folded[top].path) && folded[i].path != folded[top].path {
+            if out[i].path.starts_with(&out[top].path) && out[i].path != out[top].path {
                 break;
             }
             open.pop();
         }
-        let (w, is_dir) = (folded[i].what, folded[i].kind == FileKind::Dir);
+        let (w, is_dir) = (out[i].what, out[i].kind == FileKind::Dir);
         for &d in &open {
-            let dw = folded[d].what;
+            let dw = out[d].what;
             let same =
                 (dw & what::CREATED != 0 && w & what::CREATED != 0) || (dw == what::DELETED && w == what::DELETED);
             if same {
                 if is_dir {
-                    folded[d].dirs += 1;
+                    out[d].dirs += 1;
                 } else {
-                    folded[d].files += 1;
+                    out[d].files += 1;
                 }
             }
         }
@@ -459,7 +458,7 @@ fn finish(mut out: Vec<Change>) -> Vec<Change> {
             open.push(i);
         }
     }
-    folded
+    out
 }
 
 impl Engine {
