@@ -922,3 +922,35 @@ fn bank_transfers_keep_the_total() {
     assert_eq!(stored, 800);
     assert!(leftovers(&*fs).is_empty());
 }
+
+/// SQLite run by root fchowns its -wal and -shm to their own owner each time
+/// it opens them. T1 (holding such a connection) has read the -shm's
+/// attributes; another connection's open chowns and chmods the file to what
+/// it already is. Nothing changed, so T1 commits. A chown or chmod that does
+/// change something still dooms it.
+#[test]
+fn a_chown_or_chmod_to_what_is_already_there_dooms_no_reader() {
+    let (e, _) = engine();
+    seed(&e, "db-shm", b"index");
+    let f = obj(&e, None, "db-shm").unwrap();
+    let t1 = e.begin();
+    let a = e.getattr(Some(t1), f).unwrap();
+    put(&e, Some(t1), "db-shm", b"index'").unwrap();
+    let same = SetAttr { uid: Some(a.uid), gid: Some(a.gid), mode: Some(a.mode), ..Default::default() };
+    e.setattr(None, f, &same).unwrap();
+    commit(&e, t1).unwrap();
+    assert_eq!(get(&e, None, "db-shm").unwrap(), b"index'");
+
+    let t2 = e.begin();
+    e.getattr(Some(t2), f).unwrap();
+    put(&e, Some(t2), "db-shm", b"lost").unwrap();
+    e.setattr(None, f, &SetAttr { uid: Some(a.uid + 1), ..Default::default() }).unwrap();
+    assert!(is_conflict(&commit(&e, t2)), "a real chown must doom a reader of the attributes");
+    let t3 = e.begin();
+    e.getattr(Some(t3), f).unwrap();
+    put(&e, Some(t3), "db-shm", b"lost").unwrap();
+    e.setattr(None, f, &SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
+    assert!(is_conflict(&commit(&e, t3)), "a real chmod must doom a reader of the attributes");
+    assert_eq!(get(&e, None, "db-shm").unwrap(), b"index'");
+    assert_eq!(e.getattr(None, f).unwrap().mode, 0o600);
+}

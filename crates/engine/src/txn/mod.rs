@@ -369,10 +369,15 @@ impl Engine {
             if (set.atime.is_some() || set.mtime.is_some()) && set.size.is_none() {
                 t.timed.insert(o);
             }
+            // A chmod or chown to what the object already has changes only
+            // its ctime (not validated): it is not recorded as a change, so
+            // it dooms no transaction that read the attributes — SQLite run
+            // by root fchowns its -wal and -shm to their own owner on every
+            // open.
             let a = &mut t.delta.obj(o).attr;
-            a.mode = mode.or(a.mode);
-            a.uid = set.uid.or(a.uid);
-            a.gid = set.gid.or(a.gid);
+            a.mode = mode.filter(|&m| m != cur.mode).or(a.mode);
+            a.uid = set.uid.filter(|&u| u != cur.uid).or(a.uid);
+            a.gid = set.gid.filter(|&g| g != cur.gid).or(a.gid);
             a.atime = set.atime.or(a.atime);
             a.mtime = set.mtime.or(a.mtime);
             a.ctime = Some(Timestamp::now());
