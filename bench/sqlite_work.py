@@ -107,6 +107,11 @@ def connect(path: str, mode: str) -> sqlite3.Connection:
     elif mode == "txfs":
         conn.execute("PRAGMA journal_mode=OFF")
         conn.execute("PRAGMA synchronous=OFF")
+    elif mode in ("txfs-delete", "txfs-wal"):
+        # The application's own connection, unchanged (its journal and its
+        # syncs), with each of its transactions inside a txfs one.
+        conn.execute(f"PRAGMA journal_mode={mode[5:].upper()}")
+        conn.execute("PRAGMA synchronous=FULL")
     return conn
 
 
@@ -199,12 +204,12 @@ def w5(mode: str, dirpath: str, n: int, att_kb: int) -> None:
     t0 = timed_start()
     for i in range(n):
         name = os.path.join(att_dir, f"a{i}")
-        outer = txfs.transaction() if mode in ("txfs", "vfs") else None
+        outer = txfs.transaction() if mode in ("txfs", "txfs-delete", "txfs-wal", "vfs") else None
         if outer:
             outer.__enter__()
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(fd, data)
-        if mode not in ("txfs", "vfs"):  # the attachment must be durable before the row points at it
+        if outer is None:  # the attachment must be durable before the row points at it
             os.fsync(fd)
             os.fsync(dfd)
         os.close(fd)
