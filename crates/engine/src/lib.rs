@@ -46,6 +46,6 @@ pub use log::mark::{mark_path, MarkValue};
 pub use recovery::{check, checkpoint_failed_path, lost_found, CheckReport, JournalReport};
 pub use storage::{FileKind, Timestamp};
 pub use txn::{
-    what, Attr, Change, DirEntry, Durability, Engine, Options, RenameFlags, SetAttr, Stats, TxInfo,
+    what, Attr, Change, DirEntry, Durability, Engine, Fault, Options, RenameFlags, SetAttr, Stats, TxInfo,
     IDLE_CHECKPOINT_MAX_NAMES, NAME_MAX,
 };

@@ -490,6 +490,7 @@ fn a_failed_journal_sync_stops_every_acknowledgement() {
     let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
     e.write(None, f, 0, b"one").unwrap();
     e.sync().unwrap();
+    assert_eq!(e.fault(), None);
 
     armed.store(true, Ordering::SeqCst);
     e.write(None, f, 0, b"two").unwrap(); // appended before the fault is known
@@ -509,6 +510,8 @@ fn a_failed_journal_sync_stops_every_acknowledgement() {
         assert_eq!(err.errno(), libc::EIO, "{durability:?}: {err}");
     }
     assert!(e.sync().is_err(), "a later durable wait succeeded");
+    let fault = e.fault().expect("txfs status reports the fault");
+    assert!(fault.why.contains("journal fdatasync") && fault.reads_go_on, "{fault:?}");
     // What memory holds is what was appended: plain reads go on.
     assert_eq!(e.read(None, f, 0, 16).unwrap(), b"two");
     drop(e);
@@ -571,6 +574,8 @@ fn a_checkpoint_that_fails_writing_contents_keeps_plain_reads() {
     let err = e.write(None, f, 0, b"x").expect_err("a write acknowledged after a failed checkpoint");
     assert_eq!(err.errno(), libc::EIO, "{err}");
     assert!(err.to_string().contains("checkpoint failed"), "{err}");
+    let fault = e.fault().expect("txfs status reports the fault");
+    assert!(fault.why.contains("checkpoint failed writing contents") && fault.reads_go_on, "{fault:?}");
     drop(e);
     armed.store(false, Ordering::SeqCst);
     let e = Engine::open(mem.clone(), opts(64 << 20)).unwrap();

@@ -30,6 +30,7 @@
 //! CACHE            12  R    -                        Cache (`txfs status` only; not in txfs.h)
 //! TXS              13  R    -                        Txs   (`txfs status` only; not in txfs.h)
 //! CHANGES          14  WR   Changes                  Changes (a page of the change set)
+//! FAULT            15  R    -                        Fault (`txfs status` only; not in txfs.h)
 //! ```
 
 use std::mem::{offset_of, size_of};
@@ -286,6 +287,53 @@ wire_struct! {
     }
 }
 
+/// The bytes of [`Fault::why`].
+pub const FAULT_WHY: usize = 1016;
+
+/// [`Fault::why`]: a plain byte array too long for `Default`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Why(pub [u8; FAULT_WHY]);
+
+impl Default for Why {
+    fn default() -> Self {
+        Why([0; FAULT_WHY])
+    }
+}
+
+impl std::fmt::Debug for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Why({:?})", String::from_utf8_lossy(&self.0).trim_end_matches('\0'))
+    }
+}
+
+impl Field for Why {
+    fn put(&self, out: &mut [u8]) {
+        out[..FAULT_WHY].copy_from_slice(&self.0);
+    }
+    fn get(b: &[u8]) -> Self {
+        Why(b[..FAULT_WHY].try_into().expect("a reason"))
+    }
+}
+
+wire_struct! {
+    /// FAULT: why the mount stopped acknowledging anything, for `txfs status`.
+    Fault = "txfs_ioc_fault" {
+        /// [`FAULT_NONE`], [`FAULT_READS_GO_ON`] or [`FAULT_ALL`].
+        state: u32,
+        /// Bytes of `why` used.
+        len: u32,
+        /// The first failure, UTF-8, cut at [`FAULT_WHY`] bytes.
+        why: Why,
+    }
+}
+
+/// [`Fault::state`]: healthy.
+pub const FAULT_NONE: u32 = 0;
+/// [`Fault::state`]: nothing is acknowledged; plain reads are served.
+pub const FAULT_READS_GO_ON: u32 = 1;
+/// [`Fault::state`]: every request fails with EIO.
+pub const FAULT_ALL: u32 = 2;
+
 wire_struct! {
     /// CACHE: the kernel cache gate (DESIGN §9), for `txfs status`.
     Cache = "txfs_ioc_cache" {
@@ -527,6 +575,8 @@ pub const CACHE: u32 = ior(12, Cache::SIZE);
 pub const TXS: u32 = ior(13, Txs::SIZE);
 /// A live transaction's change set, a page at a time.
 pub const CHANGES: u32 = iowr(14, Changes::SIZE);
+/// Why the mount stopped acknowledging (`txfs status`).
+pub const FAULT: u32 = ior(15, Fault::SIZE);
 
 /// Every ioctl: its name in txfs.h (without `TXFS_IOC_`), its number, and
 /// the C name of its argument.
@@ -546,6 +596,7 @@ pub const IOCTLS: &[(&str, u32, &str)] = &[
     ("CACHE", CACHE, Cache::C_NAME),
     ("TXS", TXS, Txs::C_NAME),
     ("CHANGES", CHANGES, Changes::C_NAME),
+    ("FAULT", FAULT, Fault::C_NAME),
 ];
 
 /// Every argument struct: C name, size, fields.
@@ -562,11 +613,13 @@ pub const STRUCTS: &[(&str, usize, &[FieldLayout])] = &[
     (TxInfo::C_NAME, TxInfo::SIZE, TxInfo::FIELDS),
     (Txs::C_NAME, Txs::SIZE, Txs::FIELDS),
     (Changes::C_NAME, Changes::SIZE, Changes::FIELDS),
+    (Fault::C_NAME, Fault::SIZE, Fault::FIELDS),
 ];
 
 /// Used by the daemon and `txfs status` only: not in the clients' copies.
 #[cfg(test)]
-pub const INTERNAL: &[&str] = &["CACHE", "txfs_ioc_cache", "TXS", "txfs_ioc_txs", "txfs_ioc_txinfo"];
+pub const INTERNAL: &[&str] =
+    &["CACHE", "txfs_ioc_cache", "TXS", "txfs_ioc_txs", "txfs_ioc_txinfo", "FAULT", "txfs_ioc_fault"];
 
 /// COMMIT, COMMIT_IF and RUN_COMMIT flag: return once the commit's order is
 /// fixed; durable later (SYNC).
@@ -627,6 +680,7 @@ mod tests {
         assert_eq!(CACHE, 0x8020_e70c);
         assert_eq!(TXS, 0x8708_e70d);
         assert_eq!(CHANGES, 0xfff0_e70e);
+        assert_eq!(FAULT, 0x8400_e70f);
     }
 
     #[test]

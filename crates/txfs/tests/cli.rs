@@ -245,3 +245,34 @@ fn run_chooses_the_mount_by_directory_or_paths() {
     assert_eq!(out.status.code(), Some(1), "the command's status: {}", String::from_utf8_lossy(&out.stderr));
     assert!(!target.exists(), "the failed command's write to b survived: the run was not b's");
 }
+
+/// Story (issue 23): the journal's disk answers EIO (here
+/// `TXFS_FAILPOINT=journal:1:eio`, the first journal write after the
+/// mount). From then on the mount acknowledges nothing — it used to do so
+/// silently: `txfs status` showed healthy counters. It must name the fault,
+/// say that plain reads go on, and exit 1; `--json` carries it too.
+#[test]
+fn status_names_a_fault_and_exits_1() {
+    let mut m = Mount::new();
+    std::fs::write(m.path("before"), b"committed").unwrap();
+    let healthy = Command::new(TXFS).args(["status", "--json"]).arg(m.mnt()).output().unwrap();
+    assert!(healthy.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&healthy.stdout).unwrap();
+    assert_eq!(v["fault"], serde_json::Value::Null, "{v}");
+
+    m.restart_with_env("TXFS_FAILPOINT", "journal:1:eio");
+    assert!(std::fs::write(m.path("after"), b"x").is_err(), "a write acknowledged although its journal write failed");
+    assert!(m.log_text().contains("txfs failpoint: EIO"), "the failpoint was not reached: {}", m.log_text());
+    assert_eq!(std::fs::read(m.path("before")).unwrap(), b"committed", "plain reads go on");
+
+    let out = Command::new(TXFS).arg("status").arg(m.mnt()).output().unwrap();
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "txfs status exited {:?} with a fault:\n{text}{err}", out.status);
+    assert!(text.contains("FAULT") && text.contains("journal") && text.contains("plain reads are served"), "{text}");
+    assert!(text.contains("commits"), "the counters are still printed:\n{text}");
+    let out = Command::new(TXFS).args(["status", "--json"]).arg(m.mnt()).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["fault"]["reads_go_on"], serde_json::Value::Bool(true), "{v}");
+    assert!(v["fault"]["why"].as_str().is_some_and(|w| w.contains("journal")), "{v}");
+}

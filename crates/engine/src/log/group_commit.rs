@@ -40,6 +40,11 @@ impl Poison {
         self.0.lock().as_ref().map(|(why, _)| why.clone())
     }
 
+    /// The first reason and whether plain reads are still served.
+    pub fn fault(&self) -> Option<(String, bool)> {
+        self.0.lock().clone()
+    }
+
     /// Whether plain reads may still be served.
     pub fn reads_ok(&self) -> bool {
         self.0.lock().as_ref().is_none_or(|(_, ok)| *ok)

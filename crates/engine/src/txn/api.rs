@@ -131,6 +131,17 @@ pub struct RenameFlags {
     pub exchange: bool,
 }
 
+/// Why an engine stopped acknowledging ([`Engine::fault`](crate::Engine::fault)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// The first failure, as the operations that fail now report it.
+    pub why: String,
+    /// Whether plain reads are still served (they are after a failed
+    /// journal sync or a checkpoint that failed writing contents, not in
+    /// its namespace phases).
+    pub reads_go_on: bool,
+}
+
 /// Live counters, for `txfs status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {

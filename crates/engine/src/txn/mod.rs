@@ -79,7 +79,9 @@ use crate::ids::{ObjId, Seq, TxId};
 use crate::log::files::META_DIR;
 use crate::log::journal::SyncState;
 use crate::storage::{FileKind, Storage, Timestamp};
-pub use api::{Attr, DirEntry, Durability, Options, RenameFlags, SetAttr, Stats, IDLE_CHECKPOINT_MAX_NAMES, NAME_MAX};
+pub use api::{
+    Attr, DirEntry, Durability, Fault, Options, RenameFlags, SetAttr, Stats, IDLE_CHECKPOINT_MAX_NAMES, NAME_MAX,
+};
 pub use changes::{what, Change};
 use commit::commit_locked;
 pub use info::TxInfo;
@@ -666,6 +668,14 @@ impl Engine {
         self.sync()?;
         checkpoint::run(&self.shared.state, &self.shared.sync)?;
         write_mark(&self.shared, true)
+    }
+
+    /// Why the engine stopped acknowledging anything (a failed journal write
+    /// or sync, a checkpoint that failed after it started), and whether
+    /// plain reads are still served; `None` while healthy. It lasts until
+    /// the engine is opened again, whose recovery finishes what failed.
+    pub fn fault(&self) -> Option<Fault> {
+        self.shared.state.lock().poison_latch().fault().map(|(why, reads_go_on)| Fault { why, reads_go_on })
     }
 
     /// What recovery accepted to lose at this open (`Options::accept_loss`);

@@ -141,14 +141,18 @@ enum Cmd {
     /// Then the live transactions, oldest first: the process that began
     /// each (a thread's begin) or the `txfs run` that owns it, its uid, age,
     /// bytes written so far and read-set entries (what its commit validates);
-    /// in JSON, "transactions".
+    /// in JSON, "transactions". Last, a FAULT line if the mount stopped
+    /// acknowledging anything (a failed journal write or sync, a checkpoint
+    /// that failed half way: its reason, and whether plain reads go on); in
+    /// JSON, "fault" (null while healthy).
     #[command(after_help = concat!(
         "Examples:\n",
         "  txfs status /mnt/data\n",
         "  txfs status /mnt/data --json | jq .conflicts\n",
         "  txfs status /mnt/data --watch 1        # one line a second, with rates\n",
         "  txfs status /mnt/data --json --watch 5 # NDJSON, one object every 5 s\n\n",
-        "Exit status: 0; 1 if MOUNTPOINT is not a txfs mount.",
+        "Exit status: 0; 1 if MOUNTPOINT is not a txfs mount, or the mount has a fault\n",
+        "(it acknowledges nothing until it is mounted again; --watch goes on).",
     ))]
     Status {
         mountpoint: PathBuf,

@@ -1,5 +1,6 @@
 //! `txfs status`: the mount's counters (TXFS_IOC_STATUS and
-//! TXFS_IOC_CACHE), once, as JSON, or as rates every few seconds.
+//! TXFS_IOC_CACHE), once, as JSON, or as rates every few seconds; and a
+//! fault that stopped it acknowledging (FAULT), which makes it exit 1.
 
 use super::human;
 use crate::wire;
@@ -55,6 +56,26 @@ pub(super) fn read_status(dir: &std::fs::File, point: &Path) -> Result<Vec<(&'st
 fn read_txs(dir: &std::fs::File) -> Option<(Vec<wire::TxInfo>, u32)> {
     let t = wire::Txs::decode(&ask::<{ wire::Txs::SIZE }>(dir, wire::TXS).ok()?);
     Some((t.txs[..(t.count as usize).min(wire::TXS_MAX)].to_vec(), t.total))
+}
+
+/// Why the mount stopped acknowledging, and whether plain reads go on;
+/// `None` while healthy (or from a daemon older than FAULT).
+fn read_fault(dir: &std::fs::File) -> Option<(String, bool)> {
+    let f = wire::Fault::decode(&ask::<{ wire::Fault::SIZE }>(dir, wire::FAULT).ok()?);
+    if f.state == wire::FAULT_NONE {
+        return None;
+    }
+    let why = String::from_utf8_lossy(&f.why.0[..(f.len as usize).min(wire::FAULT_WHY)]).into_owned();
+    Some((why, f.state == wire::FAULT_READS_GO_ON))
+}
+
+/// A fault in words: what still works, and what to do.
+fn fault_text(why: &str, reads_go_on: bool) -> String {
+    let serving = if reads_go_on { "plain reads are served" } else { "every request fails with EIO" };
+    format!(
+        "FAULT: nothing is acknowledged (no write, commit or sync) since: {why}; {serving}. \
+         Unmount and mount again: recovery finishes what failed"
+    )
 }
 
 fn kind_name(kind: u32) -> &'static str {
@@ -144,9 +165,18 @@ fn now() -> (f64, String) {
     (t.as_secs_f64(), format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60))
 }
 
-fn json_line(vals: &[(&'static str, u64)], txs: Option<&[wire::TxInfo]>, time: Option<f64>) -> String {
+fn json_line(
+    vals: &[(&'static str, u64)],
+    txs: Option<&[wire::TxInfo]>,
+    fault: Option<&(String, bool)>,
+    time: Option<f64>,
+) -> String {
     let mut obj: serde_json::Map<String, serde_json::Value> =
         vals.iter().map(|(n, v)| (n.to_string(), serde_json::Value::from(*v))).collect();
+    obj.insert(
+        "fault".into(),
+        fault.map_or(serde_json::Value::Null, |(why, reads)| serde_json::json!({"why": why, "reads_go_on": reads})),
+    );
     if let Some(txs) = txs {
         obj.insert("transactions".into(), txs_json(txs));
     }
@@ -161,10 +191,14 @@ fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Fail
     let mut out = std::io::stdout().lock();
     let dir = std::fs::File::open(point).map_err(|e| format!("{}: {e}", point.display()))?;
     let vals = read_status(&dir, point)?;
+    let mut fault = read_fault(&dir);
     if json {
         // With --watch, one object a line (NDJSON), each with its time.
         let txs = read_txs(&dir);
-        writeln!(out, "{}", json_line(&vals, txs.as_ref().map(|t| &t.0[..]), watch.map(|_| now().0)))?;
+        let line = json_line(&vals, txs.as_ref().map(|t| &t.0[..]), fault.as_ref(), watch.map(|_| now().0));
+        writeln!(out, "{line}")?;
+    } else if let (Some((why, reads)), true) = (&fault, watch.is_some()) {
+        writeln!(out, "{}", fault_text(why, *reads))?;
     } else if watch.is_none() {
         writeln!(out, "{}", point.display())?;
         let width = vals.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + 2;
@@ -179,9 +213,17 @@ fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Fail
         if let Some((txs, total)) = read_txs(&dir) {
             write!(out, "{}", txs_text(&txs, total))?;
         }
+        if let Some((why, reads)) = &fault {
+            writeln!(out, "  {}", fault_text(why, *reads))?;
+        }
     }
     out.flush()?;
-    let Some(every) = watch else { return Ok(()) };
+    let Some(every) = watch else {
+        return match fault {
+            Some(_) => Err(format!("{}: the mount has a fault", point.display()).into()),
+            None => Ok(()),
+        };
+    };
     let every = Duration::from_secs_f64(every.max(0.05));
     if !json {
         writeln!(
@@ -196,10 +238,14 @@ fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Fail
         std::thread::sleep(every);
         let now_vals = read_status(&dir, point)?;
         let (t, clock) = now();
+        let now_fault = read_fault(&dir);
         if json {
             let txs = read_txs(&dir);
-            writeln!(out, "{}", json_line(&now_vals, txs.as_ref().map(|t| &t.0[..]), Some(t)))?;
+            writeln!(out, "{}", json_line(&now_vals, txs.as_ref().map(|t| &t.0[..]), now_fault.as_ref(), Some(t)))?;
         } else {
+            if let (Some((why, reads)), None) = (&now_fault, &fault) {
+                writeln!(out, "{clock:<8} {}", fault_text(why, *reads))?;
+            }
             let rate = |i: usize| (now_vals[i].1.saturating_sub(prev[i].1)) as f64 / every.as_secs_f64();
             writeln!(
                 out,
@@ -215,5 +261,6 @@ fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Fail
         }
         out.flush()?;
         prev = now_vals;
+        fault = now_fault;
     }
 }

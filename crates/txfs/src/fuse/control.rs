@@ -392,9 +392,24 @@ impl TxFs {
                 Ok((wire::Cache { open, cached_replies, closes, attr_requests }.encode(), Vec::new()))
             }
             wire::TXS => Ok((self.live_txs().encode(), Vec::new())),
+            wire::FAULT => Ok((fault_answer(self.engine.fault()).encode(), Vec::new())),
             wire::CHANGES => Ok((self.changes(me, data)?, Vec::new())),
             wire::STATE => Ok((self.state(me).encode(), Vec::new())),
             _ => Err(Errno::from_i32(libc::ENOTTY)),
         }
     }
+}
+
+/// The FAULT answer for what [`Engine::fault`](txfs_engine::Engine::fault)
+/// says, its reason cut at a character boundary to fit.
+fn fault_answer(fault: Option<txfs_engine::Fault>) -> wire::Fault {
+    let Some(f) = fault else { return wire::Fault::default() };
+    let mut end = f.why.len().min(wire::FAULT_WHY);
+    while !f.why.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut why = wire::Why::default();
+    why.0[..end].copy_from_slice(&f.why.as_bytes()[..end]);
+    let state = if f.reads_go_on { wire::FAULT_READS_GO_ON } else { wire::FAULT_ALL };
+    wire::Fault { state, len: end as u32, why }
 }
