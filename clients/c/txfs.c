@@ -28,12 +28,9 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -174,24 +171,10 @@ static int held_check(int fd, unsigned long long token)
     return ours;
 }
 
-static void maps_fork_prepare(void);
-static void maps_fork_parent(void);
-static void maps_fork_child(void);
-static void maps_give_back(void);
-
-static void fork_prepare(void)
-{
-    pthread_mutex_lock(&held_lock);
-    maps_fork_prepare();
-}
-static void fork_parent(void)
-{
-    maps_fork_parent();
-    pthread_mutex_unlock(&held_lock);
-}
+static void fork_prepare(void) { pthread_mutex_lock(&held_lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&held_lock); }
 static void fork_child(void)
 {
-    maps_fork_child();
     for (size_t i = 0; i < held_n; i++)
         if (still_ours(&held[i]))
             close(held[i].fd);
@@ -227,7 +210,6 @@ static void kept_drop(void)
 static void on_thread_exit(void *unused)
 {
     (void)unused;
-    maps_give_back();
     kept_drop();
     if (tls.fd_plus1 > 0 && tls.tid == current_tid())
         held_close(tls.fd_plus1 - 1, tls.token);
@@ -270,7 +252,6 @@ static void kept_set(int fd, unsigned long long token, const char *mount)
 
 static void tls_clear(void)
 {
-    maps_give_back();
     /* A forked child's copy names its parent's descriptor: not ours. */
     if (tls.fd_plus1 > 0 && tls.tid == current_tid())
         kept_set(tls.fd_plus1 - 1, tls.token, tls.mount);
@@ -653,445 +634,7 @@ static int kept_take(const char *mount, unsigned long long *token)
     return held_check(fd, *token) ? fd : -1;
 }
 
-/* ---- shared mappings made before a transaction --------------------------- */
-/*
- * A store into a shared mapping never reaches the file system: it is a plain
- * write into one kernel inode's page cache, seen by every process mapping the
- * file. A transaction's own opens are of private nodes (other kernel inodes,
- * the same st_ino), whose pages are the transaction's. So the outermost begin
- * moves the process's shared mappings of files on the mount onto private
- * nodes, and the end moves them back (clients/python/txfs/_mappings.py does
- * the same, step for step):
- *
- *   1. before BEGIN (maps_prepare): each shared mapping of the mount (asked
- *      of /proc/self/maps with PROCMAP_QUERY, Linux >= 6.11: a few
- *      microseconds however many mappings the process has; else its text,
- *      which costs ~20 us and more with the process's size) is written back (msync: its dirty pages are plain
- *      writes made before the transaction) and its file opened by path, a
- *      descriptor of the shared inode kept for the way back;
- *   2. after BEGIN (maps_take): the file is opened again, now a private node,
- *      mapped at a fresh address and moved over the old range with mremap —
- *      one call: the range is never unmapped, a failure leaves it as it was;
- *   3. at the end (maps_give_back): before ABORT (which throws the private
- *      pages away) or after COMMIT (which writes them back into the
- *      transaction first), each range that still maps that file goes back
- *      onto the kept descriptor.
- *
- * SQLite's WAL index (-shm) is such a mapping, made when a connection opens.
- * The mappings are the process's: while one thread's transaction holds them
- * its other threads see its pages; a range one transaction holds is left
- * alone by another's begin.
- */
-
-struct mapping {
-    uintptr_t lo, hi;
-    int prot;
-    off_t off;
-    ino_t ino;
-    dev_t dev;
-    int shared_fd; /* the shared inode, opened before BEGIN */
-    pid_t tid;     /* whose transaction holds it */
-    char *path;    /* between steps 1 and 2 only */
-};
-static pthread_mutex_t moved_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct mapping *moved; /* every live transaction's, process-wide */
-static size_t moved_n, moved_cap;
-
-/* linux/fs.h of Linux 6.11 (older headers lack it). */
-struct procmap_query {
-    uint64_t size, query_flags, query_addr;
-    uint64_t vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
-    uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
-    uint64_t vma_name_addr, build_id_addr;
-};
-_Static_assert(sizeof(struct procmap_query) == 104, "struct procmap_query");
-#define PROCMAP_QUERY 0xC0686611UL /* _IOWR('f', 17, struct procmap_query) */
-#define PROCMAP_QUERY_VMA_READABLE 0x01
-#define PROCMAP_QUERY_VMA_WRITABLE 0x02
-#define PROCMAP_QUERY_VMA_EXECUTABLE 0x04
-#define PROCMAP_QUERY_VMA_SHARED 0x08
-#define PROCMAP_QUERY_COVERING_OR_NEXT_VMA 0x10
-#define PROCMAP_QUERY_FILE_BACKED_VMA 0x20
-
-static int text_only; /* PROCMAP_QUERY refused once (an older kernel), or tests */
-
-/* Read the /proc/self/maps text only (1) or query first (0): for tests. */
-TXFS_API void txfs__maps_text_only(int on);
-TXFS_API void txfs__maps_text_only(int on) { text_only = on; }
-
-/* Cut " (deleted)" (a dentry a transaction displaced: the inode is checked
- * when the path is opened) and take only absolute paths. */
-static int plain_path(char *path)
-{
-    static const char deleted[] = " (deleted)";
-    size_t len = strlen(path), cut = sizeof deleted - 1;
-    if (len > cut && strcmp(path + len - cut, deleted) == 0)
-        path[len - cut] = '\0';
-    return path[0] == '/';
-}
-
-/* The first shared file mapping on `dev` at or after `*addr` (its path in
- * `name`, PATH_MAX bytes), asked with PROCMAP_QUERY on `fd` (/proc/self/maps):
- * 1 found (`*addr` moves past it), 0 no more, -1 the query failed. With
- * `covering`, only a mapping that covers `*addr` is taken. */
-static int query_shared(int fd, uintptr_t *addr, dev_t dev, int covering, struct mapping *m, char *name)
-{
-    for (;;) {
-        struct procmap_query q = {
-            .size = sizeof q,
-            .query_flags = PROCMAP_QUERY_FILE_BACKED_VMA | PROCMAP_QUERY_VMA_SHARED |
-                           (covering ? 0 : PROCMAP_QUERY_COVERING_OR_NEXT_VMA),
-            .query_addr = *addr,
-            .vma_name_size = PATH_MAX,
-            .vma_name_addr = (uintptr_t)name,
-        };
-        if (ioctl(fd, PROCMAP_QUERY, &q) != 0)
-            return errno == ENOENT ? 0 : -1;
-        *addr = (uintptr_t)q.vma_end;
-        if (makedev(q.dev_major, q.dev_minor) != dev || !plain_path(name)) {
-            if (covering)
-                return 0;
-            continue;
-        }
-        *m = (struct mapping){.lo = q.vma_start, .hi = q.vma_end, .off = (off_t)q.vma_offset, .ino = (ino_t)q.inode,
-                              .dev = dev, .shared_fd = -1, .path = name};
-        m->prot = (q.vma_flags & PROCMAP_QUERY_VMA_READABLE ? PROT_READ : 0) |
-                  (q.vma_flags & PROCMAP_QUERY_VMA_WRITABLE ? PROT_WRITE : 0) |
-                  (q.vma_flags & PROCMAP_QUERY_VMA_EXECUTABLE ? PROT_EXEC : 0);
-        return 1;
-    }
-}
-
-/* /proc/self/maps, whole, NUL-terminated (malloc'd), or NULL. */
-static char *read_maps(void)
-{
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NULL;
-    size_t cap = 16384, n = 0;
-    char *buf = malloc(cap);
-    for (ssize_t r = 1; buf && r > 0;) {
-        if (cap - n < 4096) {
-            char *b = realloc(buf, cap *= 2);
-            if (!b) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = b;
-        }
-        r = read(fd, buf + n, cap - n - 1);
-        if (r < 0 && errno == EINTR)
-            r = 1;
-        else if (r < 0) {
-            free(buf);
-            buf = NULL;
-        } else
-            n += (size_t)r;
-    }
-    close(fd);
-    if (buf)
-        buf[n] = '\0';
-    return buf;
-}
-
-/* Parse one maps line (NUL-terminated, no newline) into `m` if it is a
- * shared mapping of a file on `dev` with a plain path; its path points into
- * the line. A path the kernel escaped (a newline in a name) is left out, and
- * " (deleted)" (a dentry a transaction displaced) is cut: the inode is
- * checked when the path is opened. */
-static int parse_maps_line(char *line, dev_t dev, struct mapping *m)
-{
-    unsigned long lo, hi, ino;
-    unsigned long long off;
-    unsigned maj, min;
-    char perms[5];
-    int at = 0;
-    if (sscanf(line, "%lx-%lx %4s %llx %x:%x %lu %n", &lo, &hi, perms, &off, &maj, &min, &ino, &at) != 7 || !at)
-        return 0;
-    char *path = line + at;
-    if (perms[3] != 's' || makedev(maj, min) != dev || strchr(path, '\\') || !plain_path(path))
-        return 0;
-    *m = (struct mapping){.lo = lo, .hi = hi, .off = (off_t)off, .ino = (ino_t)ino, .dev = dev, .shared_fd = -1, .path = path};
-    m->prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) | (perms[2] == 'x' ? PROT_EXEC : 0);
-    return 1;
-}
-
-/* `m`'s file opened by path if it still is that file (device and inode);
- * read-write when it can be (a later mprotect may want it), else -1. */
-static int open_same(const struct mapping *m, dev_t dev)
-{
-    int modes[2] = {O_RDWR, O_RDONLY};
-    for (int i = 0; i < 2; i++) {
-        if (modes[i] == O_RDONLY && (m->prot & PROT_WRITE))
-            return -1;
-        int fd = open(m->path, modes[i] | O_CLOEXEC | O_NOCTTY);
-        if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM))
-            continue;
-        if (fd < 0)
-            return -1;
-        struct stat st;
-        if (fstat(fd, &st) == 0 && st.st_dev == dev && st.st_ino == m->ino)
-            return fd;
-        close(fd);
-        return -1;
-    }
-    return -1;
-}
-
-/* Map `fd` over `m`'s range in one step, never leaving it unmapped. */
-static int move_onto(const struct mapping *m, int fd)
-{
-    size_t size = m->hi - m->lo;
-    void *fresh = mmap(NULL, size, m->prot, MAP_SHARED, fd, m->off);
-    if (fresh == MAP_FAILED)
-        return -1;
-    if (mremap(fresh, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)m->lo) != (void *)m->lo) {
-        munmap(fresh, size);
-        return -1;
-    }
-    return 0;
-}
-
-static int held_by_a_transaction(const struct mapping *m)
-{
-    for (size_t i = 0; i < moved_n; i++)
-        if (moved[i].lo < m->hi && m->lo < moved[i].hi)
-            return 1;
-    return 0;
-}
-
-/* Step 1 for one candidate `m`: added to `ready` (`*n`, `*cap`) unless a
- * transaction holds it, it cannot be written back, or its path no longer
- * names it. */
-static void prepare_one(struct mapping m, dev_t dev, struct mapping **ready, size_t *n, size_t *cap);
-static void maps_forget(struct mapping *ready, size_t n);
-
-/* Step 1. Returns the mappings to move (malloc'd, `*n` of them; paths
- * malloc'd) or NULL with *n = 0. */
-static struct mapping *maps_prepare(dev_t dev, size_t *n)
-{
-    *n = 0;
-    struct mapping *ready = NULL, m;
-    size_t cap = 0;
-    int fd = text_only ? -1 : open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        char name[PATH_MAX];
-        uintptr_t addr = 0;
-        int r;
-        while ((r = query_shared(fd, &addr, dev, 0, &m, name)) == 1)
-            prepare_one(m, dev, &ready, n, &cap);
-        close(fd);
-        if (r == 0)
-            return ready;
-        maps_forget(ready, *n); /* (refused: read the text instead) */
-        ready = NULL;
-        *n = cap = 0;
-        text_only = 1;
-    }
-    char *text = read_maps();
-    if (!text)
-        return NULL;
-    for (char *line = text, *next; line && *line; line = next) {
-        next = strchr(line, '\n');
-        if (next)
-            *next++ = '\0';
-        if (parse_maps_line(line, dev, &m))
-            prepare_one(m, dev, &ready, n, &cap);
-    }
-    free(text);
-    return ready;
-}
-
-static void prepare_one(struct mapping m, dev_t dev, struct mapping **ready, size_t *n, size_t *cap)
-{
-    pthread_mutex_lock(&moved_lock);
-    int held_now = held_by_a_transaction(&m);
-    pthread_mutex_unlock(&moved_lock);
-    if (held_now || ((m.prot & PROT_WRITE) && msync((void *)m.lo, m.hi - m.lo, MS_SYNC) != 0))
-        return;
-    if ((m.shared_fd = open_same(&m, dev)) < 0)
-        return;
-    if (*n == *cap) {
-        size_t c = *cap ? *cap * 2 : 4;
-        struct mapping *r = realloc(*ready, c * sizeof *r);
-        if (!r) {
-            close(m.shared_fd);
-            return;
-        }
-        *ready = r;
-        *cap = c;
-    }
-    if (!(m.path = strdup(m.path))) {
-        close(m.shared_fd);
-        return;
-    }
-    m.tid = current_tid();
-    (*ready)[(*n)++] = m;
-}
-
-/* The transaction did not begin: forget what step 1 opened. */
-static void maps_forget(struct mapping *ready, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        close(ready[i].shared_fd);
-        free(ready[i].path);
-    }
-    free(ready);
-}
-
-/* Step 2, inside the transaction. */
-static void maps_take(struct mapping *ready, size_t n, dev_t dev)
-{
-    for (size_t i = 0; i < n; i++) {
-        struct mapping *m = &ready[i];
-        int fd = open_same(m, dev);
-        int ok = fd >= 0 && move_onto(m, fd) == 0;
-        if (fd >= 0)
-            close(fd);
-        free(m->path);
-        m->path = NULL;
-        pthread_mutex_lock(&moved_lock);
-        if (ok && moved_n == moved_cap) {
-            size_t cap = moved_cap ? moved_cap * 2 : 8;
-            struct mapping *r = realloc(moved, cap * sizeof *r);
-            if (r) {
-                moved = r;
-                moved_cap = cap;
-            }
-        }
-        /* (no room: it cannot be given back; the shared inode's pages are
-         * then left to the private one until the program unmaps them) */
-        if (ok && moved_n < moved_cap)
-            moved[moved_n++] = *m;
-        else
-            close(m->shared_fd);
-        pthread_mutex_unlock(&moved_lock);
-    }
-    free(ready);
-}
-
-/* Whether `m`'s range still maps its file at its offset: asked with
- * PROCMAP_QUERY, else per `text` (read when first needed, into `*text`). */
-static int still_mapped(const struct mapping *m, char **text, dev_t dev);
-static int still_mapped_in(const struct mapping *m, char *text, dev_t dev);
-
-static int still_mapped(const struct mapping *m, char **text, dev_t dev)
-{
-    int fd = text_only ? -1 : open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        char name[PATH_MAX];
-        uintptr_t addr = m->lo;
-        struct mapping n;
-        int r = query_shared(fd, &addr, dev, 1, &n, name);
-        close(fd);
-        if (r >= 0)
-            return r == 1 && n.lo <= m->lo && m->hi <= n.hi && n.ino == m->ino &&
-                   n.off + (off_t)(m->lo - n.lo) == m->off;
-        text_only = 1;
-    }
-    if (!*text && !(*text = read_maps()))
-        return 0;
-    return still_mapped_in(m, *text, dev);
-}
-
-static int still_mapped_in(const struct mapping *m, char *text, dev_t dev)
-{
-    for (char *line = text, *next; line && *line; line = next) {
-        next = strchr(line, '\n');
-        size_t len = next ? (size_t)(next - line) : strlen(line);
-        char buf[PATH_MAX + 128];
-        if (len >= sizeof buf)
-            len = sizeof buf - 1;
-        memcpy(buf, line, len);
-        buf[len] = '\0';
-        if (next)
-            next++;
-        struct mapping n;
-        if (parse_maps_line(buf, dev, &n) && n.lo <= m->lo && m->hi <= n.hi && n.ino == m->ino &&
-            n.off + (off_t)(m->lo - n.lo) == m->off)
-            return 1;
-    }
-    return 0;
-}
-
-/* Step 3: the calling thread's mappings back onto their shared inodes. */
-static void maps_give_back(void)
-{
-    pid_t me = current_tid();
-    char *text = NULL;
-    pthread_mutex_lock(&moved_lock);
-    for (size_t i = 0; i < moved_n;) {
-        struct mapping m = moved[i];
-        if (m.tid != me) {
-            i++;
-            continue;
-        }
-        moved[i] = moved[--moved_n];
-        if (still_mapped(&m, &text, m.dev))
-            move_onto(&m, m.shared_fd);
-        close(m.shared_fd);
-    }
-    pthread_mutex_unlock(&moved_lock);
-    free(text);
-}
-
-static void maps_fork_prepare(void) { pthread_mutex_lock(&moved_lock); }
-static void maps_fork_parent(void) { pthread_mutex_unlock(&moved_lock); }
-
-/* A forked child keeps its copies of the mappings but none of the
- * transactions: it forgets them, closing its copies of the descriptors. */
-static void maps_fork_child(void)
-{
-    for (size_t i = 0; i < moved_n; i++)
-        close(moved[i].shared_fd);
-    moved_n = 0;
-    pthread_mutex_unlock(&moved_lock);
-}
-
 /* ---- the API ------------------------------------------------------------ */
-
-/* The outermost begin: its descriptor serves the whole transaction. */
-static int begin_outermost(const char *mount, struct txfs_ioc_flags *arg)
-{
-    unsigned long long token = 0;
-    int fd = kept_take(mount, &token);
-    if (fd >= 0 && fd_ioctl(fd, TXFS_IOC_BEGIN, arg) != 0) {
-        int e = errno;
-        held_close(fd, token);
-        fd = -1;
-        errno = e;
-        /* The kept descriptor's mount went away (unmounted, its daemon
-         * gone): try the mount that is there now. */
-        if (e != ENOTCONN && e != ECONNABORTED && e != ENODEV && e != ECANCELED)
-            return -1;
-    } else if (fd >= 0) {
-        goto begun;
-    }
-    arm_thread_exit();
-    fd = open_mount(mount, O_DSYNC);
-    if (fd < 0)
-        return -1;
-    if (held_add(fd, &token) != 0) {
-        int e = errno ? errno : ENOMEM;
-        close(fd);
-        errno = e;
-        return -1;
-    }
-    if (fd_ioctl(fd, TXFS_IOC_BEGIN, arg) != 0) {
-        int e = errno;
-        held_close(fd, token);
-        errno = e;
-        return -1;
-    }
-begun:
-    strcpy(tls.mount, mount);
-    tls.tid = current_tid();
-    tls.fd_plus1 = fd + 1;
-    tls.token = token;
-    tls.depth = 1;
-    return 0;
-}
 
 TXFS_API int txfs_begin(const char *path_in_mount, unsigned flags)
 {
@@ -1113,18 +656,43 @@ TXFS_API int txfs_begin(const char *path_in_mount, unsigned flags)
         tls.depth++;
         return 0;
     }
-    /* The outermost begin: the process's shared mappings of the mount go
-     * into the transaction (see "shared mappings" above). */
-    dev_t dev;
-    size_t n_ready = 0;
-    struct mapping *ready = cached_dev(-1, mount, &dev) == 0 ? maps_prepare(dev, &n_ready) : NULL;
-    if (begin_outermost(mount, &arg) != 0) {
+    /* The outermost begin: its descriptor serves the whole transaction. */
+    unsigned long long token = 0;
+    int fd = kept_take(mount, &token);
+    if (fd >= 0 && fd_ioctl(fd, TXFS_IOC_BEGIN, &arg) != 0) {
         int e = errno;
-        maps_forget(ready, n_ready);
+        held_close(fd, token);
+        fd = -1;
+        errno = e;
+        /* The kept descriptor's mount went away (unmounted, its daemon
+         * gone): try the mount that is there now. */
+        if (e != ENOTCONN && e != ECONNABORTED && e != ENODEV && e != ECANCELED)
+            return -1;
+    } else if (fd >= 0) {
+        goto begun;
+    }
+    arm_thread_exit();
+    fd = open_mount(mount, O_DSYNC);
+    if (fd < 0)
+        return -1;
+    if (held_add(fd, &token) != 0) {
+        int e = errno ? errno : ENOMEM;
+        close(fd);
         errno = e;
         return -1;
     }
-    maps_take(ready, n_ready, dev);
+    if (fd_ioctl(fd, TXFS_IOC_BEGIN, &arg) != 0) {
+        int e = errno;
+        held_close(fd, token);
+        errno = e;
+        return -1;
+    }
+begun:
+    strcpy(tls.mount, mount);
+    tls.tid = current_tid();
+    tls.fd_plus1 = fd + 1;
+    tls.token = token;
+    tls.depth = 1;
     return 0;
 }
 
@@ -1170,8 +738,6 @@ TXFS_API int txfs_abort(void)
     if (current_mount(mount, sizeof mount) != 0)
         return -1;
     struct txfs_ioc_flags arg = {.flags = 0, .reserved = 0};
-    if (tls_valid())
-        maps_give_back(); /* first: the abort throws the private pages away */
     int rc = mount_ioctl(mount, TXFS_IOC_ABORT, &arg);
     /* An abort ends the whole (flattened) transaction, or there was none. */
     if (tls_valid())

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -27,7 +26,6 @@
 
 /* Private to the library, exported for these tests. */
 int txfs__find_mount(const char *mountinfo, const char *path, char *out, size_t outlen);
-void txfs__maps_text_only(int on);
 
 #define PASS 0
 #define FAIL (-1)
@@ -499,58 +497,6 @@ static int t_abort_leaves_nothing(void)
     CHECK(read_file(keep, buf, sizeof buf) == 3 && !strcmp(buf, "old"), "keep = '%s'", buf);
     CHECK(child_read(keep, buf, sizeof buf) == 0 && !strcmp(buf, "old"), "child keep = '%s'", buf);
     return PASS;
-}
-
-/* A program mapped a file (MAP_SHARED) before fs_tx_begin(), as SQLite maps
- * WAL's -shm when a connection opens. Stores through the mapping inside the
- * transaction are the transaction's: nobody else reads them before the
- * commit, an abort takes them back, a commit publishes them; afterwards the
- * mapping is shared again. */
-static int t_mapping_made_before_the_transaction(void)
-{
-    char dir[PATH_MAX], buf[256];
-    CHECK(test_dir("mapped", dir, sizeof dir), "mkdir");
-    const char *f = J(dir, "shared");
-    char page[8192];
-    memset(page, 'A', sizeof page);
-    page[sizeof page - 1] = '\0';
-    CHECK_OK(write_file(f, page));
-    int fd = open(f, O_RDWR);
-    CHECK(fd >= 0, "open: %s", strerror(errno));
-    char *m = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    CHECK(m != MAP_FAILED, "mmap: %s", strerror(errno));
-    memcpy(m, "plain", 5);
-    for (int round = 0; round < 2; round++) {
-        CHECK_OK(fs_tx_begin());
-        memcpy(m, "abort", 5);
-        CHECK(child_read(f, buf, 6) == 0 && !strcmp(buf, "plain"), "another process read '%s' before the abort", buf);
-        CHECK(read_file(f, buf, 6) == 5 && !strcmp(buf, "abort"), "the transaction's own read: '%s'", buf);
-        CHECK_OK(fs_tx_abort());
-        CHECK(!memcmp(m, "plain", 5), "after the abort the mapping shows '%.5s'", m);
-        CHECK(child_read(f, buf, 6) == 0 && !strcmp(buf, "plain"), "after the abort: '%s'", buf);
-    }
-    CHECK_OK(fs_tx_begin());
-    memcpy(m, "tx-c1", 5);
-    CHECK(child_read(f, buf, 6) == 0 && !strcmp(buf, "plain"), "another process read '%s' before the commit", buf);
-    CHECK_OK(fs_tx_commit());
-    CHECK(!memcmp(m, "tx-c1", 5), "after the commit the mapping shows '%.5s'", m);
-    CHECK(child_read(f, buf, 6) == 0 && !strcmp(buf, "tx-c1"), "after the commit: '%s'", buf);
-    memcpy(m, "after", 5); /* shared again: a plain store */
-    CHECK_OK(msync(m, 8192, MS_SYNC));
-    CHECK(child_read(f, buf, 6) == 0 && !strcmp(buf, "after"), "a plain store after the commit: '%s'", buf);
-    munmap(m, 8192);
-    close(fd);
-    return PASS;
-}
-
-/* The same, found through /proc/self/maps' text (kernels before 6.11 have no
- * PROCMAP_QUERY). */
-static int t_mapping_made_before_the_transaction_text(void)
-{
-    txfs__maps_text_only(1);
-    int r = t_mapping_made_before_the_transaction();
-    txfs__maps_text_only(0);
-    return r;
 }
 
 static int t_nested_flattens(void)
@@ -1399,8 +1345,6 @@ int main(int argc, char **argv)
     run("invisible to another process until commit", t_invisible_until_commit, 1);
     run("abort leaves nothing", t_abort_leaves_nothing, 1);
     run("nested begin/commit flattens", t_nested_flattens, 1);
-    run("a mapping made before the transaction is the transaction's", t_mapping_made_before_the_transaction, 1);
-    run("... found through the text of /proc/self/maps", t_mapping_made_before_the_transaction_text, 1);
     run("invisible to another thread until commit", t_thread_isolation, 1);
     run("conflicting read-modify-writes: one EDEADLK", t_conflict_edeadlk, 1);
     run("ordered commit, txfs_sync", t_ordered_and_sync, 1);

@@ -752,25 +752,3 @@ def test_change_status_is_the_clis() -> None:
     assert status(w.TXFS_CHANGE_REPLACED) == "replaced"
     assert status(w.TXFS_CHANGE_LINKED | w.TXFS_CHANGE_MODE) == "linked"
     assert status(w.TXFS_CHANGE_MODE | w.TXFS_CHANGE_TIMES) == "changed"
-
-
-def test_parse_maps_takes_shared_mappings_of_the_mount_only() -> None:
-    from txfs import _mappings
-
-    dev = os.makedev(0, 0x3A)
-    text = "\n".join(
-        [
-            "7f0000000000-7f0000008000 rw-s 00000000 00:3a 17                         /mnt/tx/db-shm",
-            "7f0000008000-7f0000009000 r--s 00002000 00:3a 18                         /mnt/tx/db (deleted)",
-            "7f0000009000-7f000000a000 rw-p 00000000 00:3a 19                         /mnt/tx/private",
-            "7f000000a000-7f000000b000 rw-s 00000000 00:3b 20                         /mnt/other/x",
-            "7f000000b000-7f000000c000 rw-s 00000000 00:3a 21                         /mnt/tx/new\\012line",
-            "7f000000c000-7f000000d000 rw-s 00000000 00:01 22                         /dev/zero (deleted)",
-            "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]",
-        ]
-    )
-    got = _mappings.parse_maps(text, dev)
-    assert got == [
-        _mappings.Mapping(0x7F0000000000, 0x7F0000008000, 0x3, 0, 17, "/mnt/tx/db-shm"),
-        _mappings.Mapping(0x7F0000008000, 0x7F0000009000, 0x1, 0x2000, 18, "/mnt/tx/db"),
-    ]

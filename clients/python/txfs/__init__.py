@@ -55,7 +55,7 @@ from typing import (
     overload,
 )
 
-from . import _mappings, _wire, mounts
+from . import _wire, mounts
 from ._wire import TXFS_COMMIT_ORDERED
 from .mounts import MountEntry, PathArg, find_mount, parse_mountinfo, read_mountinfo
 
@@ -140,8 +140,6 @@ class _Local(threading.local):
         self.fd = -1  # the mount root, open for the outermost transaction
         self.owner: Optional[_Held] = None  # what closes `fd` if the thread ends
         self.kept: Optional[_Held] = None  # kept between transactions
-        self.moved: list[_mappings.Moved] = []  # shared mappings it holds
-        self.dev = 0  # the mount's device, for `moved`
 
 
 _local = _Local()
@@ -151,15 +149,7 @@ def _valid() -> bool:
     return _local.depth > 0 and _local.tid == threading.get_native_id()
 
 
-def _give_back() -> None:
-    """Put the shared mappings the transaction holds back (_mappings)."""
-    moved, _local.moved = _local.moved, []
-    if _local.tid == threading.get_native_id():
-        _mappings.give_back(moved, _local.dev)
-
-
 def _clear() -> None:
-    _give_back()
     # A forked child's copy names its parent's descriptor: not ours to close.
     if _local.owner is not None and _local.tid == threading.get_native_id():
         old, _local.kept = _local.kept, _local.owner  # for the next transaction
@@ -305,7 +295,6 @@ def _after_fork_child() -> None:
 os.register_at_fork(
     before=_held_lock.acquire, after_in_parent=_held_lock.release, after_in_child=_after_fork_child
 )
-os.register_at_fork(after_in_child=_mappings.after_fork_child)
 
 
 def _take_kept(mount: str) -> Optional[_Held]:
@@ -513,18 +502,7 @@ def begin(mount: Optional[PathArg] = None, flags: int = 0) -> None:
         _ioctl(_local.mount, _wire.TXFS_IOC_BEGIN, _flags(flags))
         _local.depth += 1
         return
-    try:
-        dev = _cached_dev(root) or os.stat(root).st_dev
-    except OSError:
-        dev = 0  # (BEGIN says what is wrong with the mount)
-    ready = _mappings.prepare(dev) if dev else []
-    try:
-        owner = _begin_outermost(root, _flags(flags))
-    except BaseException:
-        _mappings.forget(ready)
-        raise
-    _local.moved = _mappings.take(ready, dev)
-    _local.dev = dev
+    owner = _begin_outermost(root, _flags(flags))
     _local.owner = owner
     _local.fd = owner.fd if owner is not None else -1
     _local.mount = root
@@ -576,8 +554,6 @@ def commit(durable: bool = True) -> None:
 def abort() -> None:
     """Abort the calling thread's transaction, nested levels and all."""
     mount = _current_mount()
-    if _valid():
-        _give_back()  # first: the abort throws the private pages away
     try:
         _ioctl(mount, _wire.TXFS_IOC_ABORT, _flags(0))
     finally:
