@@ -19,6 +19,9 @@
 //!   sync       fsync, fdatasync and syncfs only
 //!   ckpt       ops on the backing tree, .txfs/stage, .txfs/orphans and the
 //!              checkpoint plan and markers (.txfs/ckpt-*)
+//!   tree       ops on the backing tree outside .txfs/ only (a checkpoint's
+//!              moves, creates and contents: of a file that existed and
+//!              only changed contents, the first is a contents write)
 //!   recovery   any op while the engine is still opening (recovery at mount)
 //!
 //! TXFS_FAILPOINT=<class>:<n>:eio   the n-th op of <class> counted from the
@@ -52,6 +55,7 @@ enum Class {
     Journal,
     Sync,
     Ckpt,
+    Tree,
     Recovery,
 }
 
@@ -70,8 +74,9 @@ pub fn wrap(storage: Arc<dyn Storage>) -> Result<Wrapped, String> {
         "journal" => Class::Journal,
         "sync" => Class::Sync,
         "ckpt" => Class::Ckpt,
+        "tree" => Class::Tree,
         "recovery" => Class::Recovery,
-        c => return Err(format!("TXFS_FAILPOINT: unknown class {c:?} (any, journal, sync, ckpt, recovery)")),
+        c => return Err(format!("TXFS_FAILPOINT: unknown class {c:?} (any, journal, sync, ckpt, tree, recovery)")),
     };
     let (n, eio) = match n.split_once(':') {
         Some((n, "eio")) => (n, true),
@@ -120,6 +125,7 @@ impl Armed {
             Class::Journal => under("journal"),
             Class::Sync => sync,
             Class::Ckpt => !meta || under("stage") || under("orphans") || ckpt_file || op == "syncfs",
+            Class::Tree => !meta && op != "syncfs",
             Class::Recovery => opening,
         };
         if !counts || (self.eio && opening) {

@@ -318,7 +318,8 @@ impl Field for Why {
 wire_struct! {
     /// FAULT: why the mount stopped acknowledging anything, for `txfs status`.
     Fault = "txfs_ioc_fault" {
-        /// [`FAULT_NONE`], [`FAULT_READS_GO_ON`] or [`FAULT_ALL`].
+        /// [`FAULT_NONE`], [`FAULT_READS_GO_ON`], [`FAULT_ALL`] or
+        /// [`FAULT_RETRIED`].
         state: u32,
         /// Bytes of `why` used.
         len: u32,
@@ -333,6 +334,9 @@ pub const FAULT_NONE: u32 = 0;
 pub const FAULT_READS_GO_ON: u32 = 1;
 /// [`Fault::state`]: every request fails with EIO.
 pub const FAULT_ALL: u32 = 2;
+/// [`Fault::state`]: a checkpoint failed writing contents and is retried;
+/// everything goes on.
+pub const FAULT_RETRIED: u32 = 3;
 
 wire_struct! {
     /// CACHE: the kernel cache gate (DESIGN §9), for `txfs status`.

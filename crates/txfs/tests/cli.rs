@@ -276,3 +276,39 @@ fn status_names_a_fault_and_exits_1() {
     assert_eq!(v["fault"]["reads_go_on"], serde_json::Value::Bool(true), "{v}");
     assert!(v["fault"]["why"].as_str().is_some_and(|w| w.contains("journal")), "{v}");
 }
+
+/// Story (issue 23): the backing disk fails a checkpoint's contents write
+/// (here `TXFS_FAILPOINT=tree:1:eio`: the first write to the backing tree
+/// after the mount, once). The mount used to stop acknowledging anything
+/// until it was mounted again. Now writes go on, `txfs status` names the
+/// fault as retried, the checkpoint is retried and succeeds, and status is
+/// healthy again; BACKING ends up with everything.
+#[test]
+fn a_checkpoint_that_fails_writing_contents_is_retried_while_writes_go_on() {
+    let mut m = Mount::new();
+    std::fs::write(m.path("f"), b"old contents").unwrap();
+    m.restart_with_env("TXFS_CHECKPOINT_BYTES", "1");
+    m.restart_with_env("TXFS_FAILPOINT", "tree:1:eio");
+    std::fs::write(m.path("f"), b"new contents").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || m.log_text().contains("to be retried")),
+        "the checkpoint did not fail as arranged: {}",
+        m.log_text()
+    );
+    let out = Command::new(TXFS).args(["status", "--json"]).arg(m.mnt()).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "status exits 1 while a checkpoint fails");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["fault"]["acknowledged"], serde_json::Value::Bool(true), "{v}");
+    assert!(v["fault"]["why"].as_str().is_some_and(|w| w.contains("checkpoint failed writing contents")), "{v}");
+    std::fs::write(m.path("g"), b"written after the fault").expect("writes go on while the checkpoint is retried");
+    assert_eq!(std::fs::read(m.path("f")).unwrap(), b"new contents");
+    assert!(
+        wait_until(Duration::from_secs(30), || m.log_text().contains("unfinished checkpoint is done")),
+        "the checkpoint was not retried: {}",
+        m.log_text()
+    );
+    assert!(wait_until(Duration::from_secs(10), || m.status()["fault"].is_null()), "healthy again");
+    m.umount_clean();
+    assert_eq!(std::fs::read(m.backing().join("f")).unwrap(), b"new contents");
+    assert_eq!(std::fs::read(m.backing().join("g")).unwrap(), b"written after the fault");
+}

@@ -62,4 +62,4 @@ mod run;
 
 pub(crate) use execute::{execute, finish};
 pub(crate) use plan::{load, plan_path};
-pub(crate) use run::run;
+pub(crate) use run::{run, Unfinished};

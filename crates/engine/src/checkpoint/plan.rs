@@ -510,6 +510,9 @@ pub(super) fn prepare_shadow(s: &dyn Storage, data: &Path, to: &Path) -> std::io
 }
 
 /// Persists a plan: write a temp file, fsync, rename, fsync the folder.
+/// Writes the plan beside its place (`.tmp`, synced): nothing names it
+/// yet, so a failure here leaves the checkpoint not started. [`publish`]
+/// puts it in place.
 pub(super) fn persist(s: &dyn Storage, plan: &Plan) -> Result<()> {
     let body = encode_plan(plan);
     let mut bytes = Vec::with_capacity(body.len() + 8);
@@ -522,7 +525,14 @@ pub(super) fn persist(s: &dyn Storage, plan: &Plan) -> Result<()> {
     let f = s.open_file(&tmp, true).ctx("plan write", what)?;
     f.set_len(0).ctx("plan write", what)?;
     f.write_at(0, &bytes).ctx("plan write", what)?;
-    f.sync_data().ctx("plan write", what)?;
+    f.sync_data().ctx("plan write", what)
+}
+
+/// Puts the plan [`persist`] wrote in place, durably: from here on
+/// recovery executes it.
+pub(super) fn publish(s: &dyn Storage, plan: &Plan) -> Result<()> {
+    let final_path = plan_path(plan.epoch);
+    let tmp = final_path.with_extension("tmp");
     s.rename(&tmp, &final_path).ctx("plan write", || final_path.display().to_string())?;
     s.fsync(Path::new(META_DIR)).ctx("plan write", || META_DIR.into())?;
     Ok(())

@@ -6,11 +6,16 @@
 //! the next journal, keeping the delta being written readable as
 //! `State::frozen`; outside the lock, phases 3–4 and the final sync (the
 //! long part); under the lock again, the frozen delta, the old journal and
-//! the epoch's data files are dropped. A checkpoint that fails after it
-//! started poisons the engine (recovery finishes the plan): in its
-//! namespace phases, every request; in its contents, every acknowledgement
-//! while plain reads go on. One that could not start (no room) changes
-//! nothing and is retried later.
+//! the epoch's data files are dropped. A checkpoint that fails in its
+//! namespace phases poisons the engine (recovery finishes the plan): every
+//! request fails until the next open. One that fails writing contents (a
+//! disk that filled after the estimate, an I/O error) is [`Unfinished`]:
+//! its namespace is in the tree and commits already go to the next
+//! journal, so the engine goes on as while any checkpoint writes contents
+//! — reads lay the frozen delta over the tree, commits are acknowledged —
+//! and the next run writes the contents again (they are idempotent, as for
+//! recovery) before anything else. One that could not start (no room)
+//! changes nothing and is retried later.
 //!
 //! Tests: `tests/checkpoint_concurrency.rs`
 //! (`commits_and_reads_go_on_while_the_checkpoint_writes_contents`),
@@ -19,7 +24,7 @@
 //! `tests/idle_checkpoint.rs`.
 
 use super::execute::{contents, delete_and_sync, namespace, next_journal, retire, sync_stage_writes};
-use super::plan::{build, persist, Plan};
+use super::plan::{build, persist, publish, Plan};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::ObjId;
 use crate::log::files::{data_path, drop_spare, is_missing};
@@ -29,13 +34,38 @@ use crate::txn::state::State;
 use parking_lot::Mutex;
 use std::sync::Arc;
 
+/// A checkpoint whose contents phase failed, kept for the next [`run`]
+/// (`State::unfinished`); its delta stays `State::frozen` meanwhile.
+pub(crate) struct Unfinished {
+    plan: Plan,
+    journal: Arc<dyn StoredFile>,
+    released: Vec<ObjId>,
+    /// The last failure, for `txfs status` ([`Engine::fault`](crate::Engine::fault)).
+    pub(crate) why: String,
+    /// Failed attempts so far.
+    pub(crate) tries: u32,
+}
+
 /// Runs a checkpoint; the caller holds the checkpoint lock (one at a time)
-/// and not the engine lock. The plan, its namespace phases and the switch
+/// and not the engine lock. An [`Unfinished`] one is finished first; if
+/// that fails again, nothing else runs. The plan, its namespace phases and the switch
 /// to the next journal run under the engine lock; the contents (phase 3),
 /// phase 4 and the final sync — the long part — run outside it, with the
 /// delta they write kept as [`State::frozen`] so that reads and commits go
 /// on meanwhile (DESIGN §4).
 pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
+    let unfinished = {
+        let mut st = state.lock();
+        if let Some(p) = st.poisoned() {
+            return Err(Error::Poisoned(p));
+        }
+        st.unfinished.take().map(|u| (u, st.storage().clone()))
+    };
+    if let Some((u, storage)) = unfinished {
+        let tries = u.tries;
+        finish_contents(state, storage, u.plan, u.journal, u.released, tries)?;
+        tracing::info!(tries, "an unfinished checkpoint is done");
+    }
     let (plan, journal, released, storage) = {
         let mut st = state.lock();
         if let Some(p) = st.poisoned() {
@@ -61,6 +91,20 @@ pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
             }
         }
     };
+    finish_contents(state, storage, plan, journal, released, 0)
+}
+
+/// The part of a checkpoint outside the engine lock — contents, phase 4,
+/// the final sync, the old journal's removal — and its end under the lock;
+/// `tries` earlier attempts failed.
+fn finish_contents(
+    state: &Mutex<State>,
+    storage: Arc<dyn crate::storage::Storage>,
+    plan: Plan,
+    journal: Arc<dyn StoredFile>,
+    released: Vec<ObjId>,
+    tries: u32,
+) -> Result<()> {
     let res = contents(&*storage, &plan, &*journal, Some(false))
         .and_then(|()| delete_and_sync(&*storage, &plan))
         .and_then(|()| retire(&*storage, &plan));
@@ -70,9 +114,12 @@ pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
         // contents, attributes and the old journal's removal may be half
         // done. Reads lay the frozen delta over the tree, and laying a
         // delta over its own partial application gives what applying it
-        // whole gives (delta.rs): plain reads stay exact. Nothing more is
-        // acknowledged; recovery at the next mount finishes the plan.
-        st.poison_journal(format!("checkpoint failed writing contents: {e}; remount to finish it"));
+        // whole gives (delta.rs): plain reads stay exact. Commits go on in
+        // the next journal; the next run writes the contents again (a
+        // crash meanwhile leaves the plan to recovery, as during any
+        // checkpoint's contents).
+        let why = format!("checkpoint failed writing contents ({} attempts): {e}", tries + 1);
+        st.unfinished = Some(Unfinished { plan, journal, released, why, tries: tries + 1 });
         return Err(e);
     }
     // The retired journal was the last thing naming the epoch's data files
@@ -138,9 +185,12 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
     // since the caller's sync).
     let j = st.journal();
     j.file.sync_data().ctx("journal sync", || j.path.display().to_string())?;
+    // A plan that could not be written beside its place changes nothing
+    // (not started: retried later).
+    persist(&*storage, &plan)?;
     // From here on a failure may leave the plan half-done.
     *started = true;
-    persist(&*storage, &plan)?;
+    publish(&*storage, &plan)?;
     let jf = st.journal().file.clone();
     namespace(&*storage, &plan)?;
     // A node forgotten below (a file linked under a name never looked up)

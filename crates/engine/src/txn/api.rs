@@ -140,6 +140,10 @@ pub struct Fault {
     /// journal sync or a checkpoint that failed writing contents, not in
     /// its namespace phases).
     pub reads_go_on: bool,
+    /// A checkpoint that failed writing contents: it is tried again (every
+    /// few seconds, and by every explicit checkpoint) while writes, commits
+    /// and reads go on; the journal grows until it succeeds.
+    pub retried: bool,
 }
 
 /// Live counters, for `txfs status`.

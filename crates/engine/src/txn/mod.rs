@@ -671,11 +671,17 @@ impl Engine {
     }
 
     /// Why the engine stopped acknowledging anything (a failed journal write
-    /// or sync, a checkpoint that failed after it started), and whether
-    /// plain reads are still served; `None` while healthy. It lasts until
-    /// the engine is opened again, whose recovery finishes what failed.
+    /// or sync, a checkpoint that failed in its namespace phases), and
+    /// whether plain reads are still served — which lasts until the engine
+    /// is opened again, whose recovery finishes what failed; or a
+    /// checkpoint that failed writing contents and is retried while
+    /// everything goes on (`retried`). `None` while healthy.
     pub fn fault(&self) -> Option<Fault> {
-        self.shared.state.lock().poison_latch().fault().map(|(why, reads_go_on)| Fault { why, reads_go_on })
+        let st = self.shared.state.lock();
+        if let Some((why, reads_go_on)) = st.poison_latch().fault() {
+            return Some(Fault { why, reads_go_on, retried: false });
+        }
+        st.unfinished.as_ref().map(|u| Fault { why: u.why.clone(), reads_go_on: true, retried: true })
     }
 
     /// What recovery accepted to lose at this open (`Options::accept_loss`);
@@ -781,12 +787,17 @@ fn write_mark(sh: &Shared, sync: bool) -> Result<()> {
 
 /// How often the background thread updates the mark at most.
 const MARK_EVERY: Duration = Duration::from_secs(1);
+/// The pause before an unfinished checkpoint's first retry; it doubles
+/// with each failure, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(60);
 
 pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
     let step = Duration::from_millis(10).min(iv);
     let mut waited = Duration::ZERO;
     let mut since_mark = Duration::ZERO;
     let mut postponed = false;
+    let mut since_retry = Duration::ZERO;
     // The last commit seen and how long ago it was first seen.
     let (mut seen, mut idle) = (Seq(0), Duration::ZERO);
     while !sh.stop.load(Ordering::Relaxed) {
@@ -831,7 +842,18 @@ pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
             idle += iv;
         }
         let quiet = pending && sh.opts.idle_checkpoint.is_some_and(|d| idle >= d);
-        if big || quiet {
+        // An unfinished checkpoint (its contents failed) is tried again
+        // after a pause that doubles up to a minute; a big journal waits
+        // for it too.
+        let unfinished = sh.state.lock().unfinished.as_ref().map(|u| u.tries);
+        if let Some(tries) = unfinished {
+            since_retry += iv;
+            if since_retry < RETRY_FIRST.saturating_mul(1 << tries.min(6)).min(RETRY_MAX) {
+                continue;
+            }
+            since_retry = Duration::ZERO;
+        }
+        if big || quiet || unfinished.is_some() {
             idle = Duration::ZERO;
             let _one = sh.ckpt_lock.lock();
             let target = *sh.sync.written.lock();
@@ -845,6 +867,11 @@ pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
                     if let Err(e) = write_mark(&sh, true) {
                         tracing::warn!("durable high-water mark not updated after a checkpoint: {e}");
                     }
+                }
+                // Its contents failed: retried later (above), said each
+                // time with the count.
+                Err(e) if sh.state.lock().unfinished.is_some() => {
+                    tracing::error!("background checkpoint failed writing contents, to be retried: {e}");
                 }
                 // Not started (no room): retried every interval, said once.
                 Err(e) if sh.state.lock().poisoned().is_none() => {

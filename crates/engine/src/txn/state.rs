@@ -174,6 +174,9 @@ pub(crate) struct State {
     /// attributes are being written (phase 3, outside the lock), so reads
     /// lay them over the tree until the checkpoint ends (DESIGN §4).
     pub(super) frozen: Option<Delta>,
+    /// A checkpoint whose contents phase failed, written again by the next
+    /// checkpoint run; its delta is `frozen` meanwhile.
+    pub(crate) unfinished: Option<crate::checkpoint::Unfinished>,
     /// Bumped, under the lock, before anything renames or removes a file of
     /// the backing tree (a checkpoint's start, an orphan's removal) and when
     /// a checkpoint ends: a read that ran without the lock counts only if
@@ -392,6 +395,7 @@ impl State {
             by_ino: HashMap::new(),
             committed: Delta::default(),
             frozen: None,
+            unfinished: None,
             tree_gen: 0,
             txs: HashMap::new(),
             ver: Default::default(),

@@ -58,20 +58,29 @@ fn read_txs(dir: &std::fs::File) -> Option<(Vec<wire::TxInfo>, u32)> {
     Some((t.txs[..(t.count as usize).min(wire::TXS_MAX)].to_vec(), t.total))
 }
 
-/// Why the mount stopped acknowledging, and whether plain reads go on;
-/// `None` while healthy (or from a daemon older than FAULT).
-fn read_fault(dir: &std::fs::File) -> Option<(String, bool)> {
+/// A fault of the mount: why, and its [`wire::Fault::state`]; `None` while
+/// healthy (or from a daemon older than FAULT).
+type FaultState = (String, u32);
+
+fn read_fault(dir: &std::fs::File) -> Option<FaultState> {
     let f = wire::Fault::decode(&ask::<{ wire::Fault::SIZE }>(dir, wire::FAULT).ok()?);
     if f.state == wire::FAULT_NONE {
         return None;
     }
     let why = String::from_utf8_lossy(&f.why.0[..(f.len as usize).min(wire::FAULT_WHY)]).into_owned();
-    Some((why, f.state == wire::FAULT_READS_GO_ON))
+    Some((why, f.state))
 }
 
 /// A fault in words: what still works, and what to do.
-fn fault_text(why: &str, reads_go_on: bool) -> String {
-    let serving = if reads_go_on { "plain reads are served" } else { "every request fails with EIO" };
+fn fault_text(why: &str, state: u32) -> String {
+    if state == wire::FAULT_RETRIED {
+        return format!(
+            "FAULT: {why}; it is retried, and writes, commits and reads go on meanwhile \
+             (the journal grows until it succeeds)"
+        );
+    }
+    let serving =
+        if state == wire::FAULT_READS_GO_ON { "plain reads are served" } else { "every request fails with EIO" };
     format!(
         "FAULT: nothing is acknowledged (no write, commit or sync) since: {why}; {serving}. \
          Unmount and mount again: recovery finishes what failed"
@@ -168,14 +177,20 @@ fn now() -> (f64, String) {
 fn json_line(
     vals: &[(&'static str, u64)],
     txs: Option<&[wire::TxInfo]>,
-    fault: Option<&(String, bool)>,
+    fault: Option<&FaultState>,
     time: Option<f64>,
 ) -> String {
     let mut obj: serde_json::Map<String, serde_json::Value> =
         vals.iter().map(|(n, v)| (n.to_string(), serde_json::Value::from(*v))).collect();
     obj.insert(
         "fault".into(),
-        fault.map_or(serde_json::Value::Null, |(why, reads)| serde_json::json!({"why": why, "reads_go_on": reads})),
+        fault.map_or(serde_json::Value::Null, |(why, state)| {
+            serde_json::json!({
+                "why": why,
+                "reads_go_on": *state != wire::FAULT_ALL,
+                "acknowledged": *state == wire::FAULT_RETRIED,
+            })
+        }),
     );
     if let Some(txs) = txs {
         obj.insert("transactions".into(), txs_json(txs));
@@ -197,8 +212,8 @@ fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Fail
         let txs = read_txs(&dir);
         let line = json_line(&vals, txs.as_ref().map(|t| &t.0[..]), fault.as_ref(), watch.map(|_| now().0));
         writeln!(out, "{line}")?;
-    } else if let (Some((why, reads)), true) = (&fault, watch.is_some()) {
-        writeln!(out, "{}", fault_text(why, *reads))?;
+    } else if let (Some((why, state)), true) = (&fault, watch.is_some()) {
+        writeln!(out, "{}", fault_text(why, *state))?;
     } else if watch.is_none() {
         writeln!(out, "{}", point.display())?;
         let width = vals.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + 2;
@@ -213,8 +228,8 @@ fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Fail
         if let Some((txs, total)) = read_txs(&dir) {
             write!(out, "{}", txs_text(&txs, total))?;
         }
-        if let Some((why, reads)) = &fault {
-            writeln!(out, "  {}", fault_text(why, *reads))?;
+        if let Some((why, state)) = &fault {
+            writeln!(out, "  {}", fault_text(why, *state))?;
         }
     }
     out.flush()?;
@@ -243,8 +258,8 @@ fn print_status(point: &Path, json: bool, watch: Option<f64>) -> Result<(), Fail
             let txs = read_txs(&dir);
             writeln!(out, "{}", json_line(&now_vals, txs.as_ref().map(|t| &t.0[..]), now_fault.as_ref(), Some(t)))?;
         } else {
-            if let (Some((why, reads)), None) = (&now_fault, &fault) {
-                writeln!(out, "{clock:<8} {}", fault_text(why, *reads))?;
+            if let (Some((why, state)), None) = (&now_fault, &fault) {
+                writeln!(out, "{clock:<8} {}", fault_text(why, *state))?;
             }
             let rate = |i: usize| (now_vals[i].1.saturating_sub(prev[i].1)) as f64 / every.as_secs_f64();
             writeln!(

@@ -410,6 +410,10 @@ fn fault_answer(fault: Option<txfs_engine::Fault>) -> wire::Fault {
     }
     let mut why = wire::Why::default();
     why.0[..end].copy_from_slice(&f.why.as_bytes()[..end]);
-    let state = if f.reads_go_on { wire::FAULT_READS_GO_ON } else { wire::FAULT_ALL };
+    let state = match (f.retried, f.reads_go_on) {
+        (true, _) => wire::FAULT_RETRIED,
+        (false, true) => wire::FAULT_READS_GO_ON,
+        (false, false) => wire::FAULT_ALL,
+    };
     wire::Fault { state, len: end as u32, why }
 }
