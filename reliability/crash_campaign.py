@@ -9,7 +9,10 @@ Each trial
      failpoint `TXFS_FAILPOINT=<class>:<n>` (crates/txfs/src/failpoint.rs:
      the daemon SIGKILLs itself right before its n-th storage operation of
      that class: any, journal, sync, ckpt); the other trials are killed
-     with `kill -9` at a random moment;
+     with `kill -9` at a random moment, and some get an I/O error instead
+     (`TXFS_FAILPOINT=<tree|ckpt>:<n>:eio`: that one operation fails with
+     EIO and the daemon goes on — a checkpoint that fails writing contents
+     is retried meanwhile — until `kill -9` at the end);
   2. runs several worker processes (Python client, `import txfs`) doing
      transactions: small and big writes, truncates, files written to a temp
      name then renamed over, files created and removed inside the
@@ -513,6 +516,29 @@ def meta_leftovers(backing: str) -> List[str]:
 # ---- the campaign ---------------------------------------------------------------------------
 
 KILL_RE = re.compile(r"txfs failpoint: SIGKILL before (\S+) (\S*) \((\w+) op #(\d+)")
+EIO_RE = re.compile(r"txfs failpoint: EIO for (\S+) (\S*) \((\w+) op #(\d+)")
+
+
+def eio_label(log: str) -> str:
+    """What an EIO trial's error hit and what the daemon made of it."""
+    try:
+        with open(log, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return "EIO: no daemon log"
+    m = EIO_RE.search(text)
+    if m is None:
+        return "EIO failpoint not reached: kill -9 at the end"
+    where = "backing tree" if not m.group(2).startswith(".txfs") else m.group(2).split("/")[1][:5]
+    if "unfinished checkpoint is done" in text:
+        then = "retried and done"
+    elif "to be retried" in text:
+        then = "retried, not done yet"
+    elif "postponed" in text:
+        then = "postponed"
+    else:
+        then = "poisoned"
+    return f"EIO on {m.group(1)} {where}, {then}, then kill -9"
 
 
 def label_of(log: str, backing: str) -> Optional[str]:
@@ -560,7 +586,7 @@ def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
     model = initial_tree(workers)
     write_tree(backing, model)
     t_start = time.monotonic()
-    stats = {"random": [0, 0, 0], "failpoint": [0, 0, 0], "recovery": [0, 0, 0]}  # tried, violations, lost
+    stats = {"random": [0, 0, 0], "failpoint": [0, 0, 0], "eio": [0, 0, 0], "recovery": [0, 0, 0]}  # tried, violations, lost
     labels: Dict[str, int] = {}
     commits = acked_durable = conflicts = enoent = txs = 0
     notes: List[str] = []
@@ -569,13 +595,18 @@ def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
     reach = {"any": 400, "journal": 60, "sync": 25, "ckpt": 120}
     try:
         for trial in range(trials):
-            kind = "random" if rng.random() < 0.3 else "failpoint"
+            r = rng.random()
+            kind = "random" if r < 0.25 else "eio" if r < 0.4 else "failpoint"
             env = {"TXFS_CHECKPOINT_BYTES": str(rng.choice([32 << 10, 128 << 10, 512 << 10, 4 << 20]))}
             fp = None
             if kind == "failpoint":
                 cls = rng.choice(["any", "journal", "sync", "ckpt", "ckpt"])
                 n = rng.randrange(1, reach[cls] + 1)
                 fp = f"{cls}:{n}"
+                env["TXFS_FAILPOINT"] = fp
+            elif kind == "eio":
+                cls = rng.choice(["tree", "ckpt"])
+                fp = f"{cls}:{rng.randrange(1, reach['ckpt'] // (3 if cls == 'tree' else 1) + 1)}:eio"
                 env["TXFS_FAILPOINT"] = fp
             tdir = os.path.join(base_dir, f"t{trial}")
             os.mkdir(tdir)
@@ -614,6 +645,8 @@ def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
                 lab = "failpoint not reached: kill -9 at the end"
             if kind == "random":
                 lab = "kill -9 at a random time"
+            if kind == "eio":
+                lab = eio_label(dlog)
             labels[lab] = labels.get(lab, 0) + 1
             st = stats[kind]
             st[0] += 1
@@ -701,6 +734,8 @@ def run_campaign(args: Any) -> Tuple[List[dict], List[str], int]:
               stats["random"][2], 0, cmd),
         H.row("daemon killed at failpoints (commit, checkpoint)", "daemon kill", stats["failpoint"][0],
               stats["failpoint"][1], stats["failpoint"][2], 0, cmd),
+        H.row("daemon given one I/O error (checkpoint), then killed", "daemon kill", stats["eio"][0], stats["eio"][1],
+              stats["eio"][2], 0, cmd),
         H.row("daemon killed inside recovery", "daemon kill", stats["recovery"][0], stats["recovery"][1],
               stats["recovery"][2], 0, cmd),
     ]
