@@ -195,8 +195,8 @@ class Fsx:
 
     def op_mread(self) -> None:
         if self.outside_wrote:
-            # NB: this transaction may have lost a conflict; through a mapping
-            # that shows as SIGBUS (the page fault fails), not as an errno.
+            # NB: this transaction may have lost a conflict; a mapping then
+            # shows committed bytes (the fault cannot fail: SIGBUS), not an errno.
             return self.op_read()
         name = self.rng.choice(sorted(self.s.names))
         d = self.data_of(name)
@@ -624,8 +624,8 @@ def main() -> None:
     notes.insert(0, f"fsx: {total_ops} operations checked against the model ({stats['commits']} commits, "
                  f"{stats['aborts']} aborts, {stats['conflicts']} conflicts, {stats['outside']} outside-view checks, "
                  f"{stats['remounts']} mid-run unmount/compare/mount cycles); seed {args.seed}")
-    notes.append("fsx: known limit, not counted: a read-only mapping read by a transaction that has lost a conflict "
-                 "gets SIGBUS (the page fault fails with EDEADLK); the exerciser reads through pread instead once "
+    notes.append("fsx: by design, not counted: a mapping read by a transaction that has lost a conflict shows the "
+                 "committed bytes, not the model's (its commit fails); the exerciser reads through pread instead once "
                  "another thread wrote during the transaction")
     finish(args, [row("fsx exerciser", "exerciser", total_ops, violations, lost, time.monotonic() - t0, command("fsx.py", args))], notes)
 

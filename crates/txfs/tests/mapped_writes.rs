@@ -93,3 +93,27 @@ fn mapped_writes_are_the_transaction_s_until_commit() {
         }
     }
 }
+
+/// Story (issue 24, found by an adversarial review): a transaction maps a
+/// file, another process writes the file, and the transaction then touches
+/// the mapping. Its page fault is a read that finds the transaction lost a
+/// conflict; an error there is SIGBUS, which killed a program that only
+/// had to abort (SQLite with a reader in another process died within a few
+/// mails). The fault now gets the committed bytes, the program lives, and
+/// its commit fails with EDEADLK as any conflict does.
+#[test]
+fn a_fault_of_a_transaction_that_lost_a_conflict_is_no_sigbus() {
+    let m = Mount::with_backing(|b| std::fs::write(b.join("f"), vec![b'.'; 8192]).unwrap());
+    let mut t = in_transaction(&m, Side::Thread);
+    t.ok("fd = os.open(M + '/f', os.O_RDWR)");
+    t.ok("mm = mmap.mmap(fd, 8192, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)");
+    let mut other = Agent::spawn(m.mnt());
+    other.ok("fd = os.open(M + '/f', os.O_WRONLY); os.pwrite(fd, b'OUTSIDE', 0); os.close(fd)");
+    let seen = t.run("out = [mm[0:7].decode(), mm[4096:4097].decode()]");
+    assert_eq!(seen, Ok(serde_json::json!(["OUTSIDE", "."])), "the fault got an error (SIGBUS) or wrong bytes");
+    t.ok("mm[100:105] = b'LOSER'");
+    let cmd = format!("fcntl.ioctl(root, {IOC_COMMIT}, bytes(8))");
+    assert_eq!(t.run(&cmd), Err(libc::EDEADLK), "the commit of a transaction that lost a conflict");
+    assert_eq!(bytes_at(&m.path("f"), 0, 7).as_deref(), Some("OUTSIDE"));
+    assert_eq!(bytes_at(&m.path("f"), 100, 5).as_deref(), Some("....."), "the loser's mapped write was kept");
+}

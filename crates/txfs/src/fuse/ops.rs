@@ -363,7 +363,8 @@ impl Filesystem for Fs {
         // node's pages are its transaction's; a shared node's pages are
         // everyone's, so they hold committed data — except for an object
         // the caller's transaction created, which nobody else can reach.
-        let tx = if lock_owner.is_some() || self.view().is_some() {
+        let fault = lock_owner.is_none() && self.view().is_none();
+        let tx = if !fault {
             self.tx_fh(req, fh)
         } else {
             if let Some(s) = self.shared_mount() {
@@ -376,6 +377,16 @@ impl Filesystem for Fs {
         };
         match self.engine.read(tx, o, offset, size as usize) {
             Ok(d) => reply.data(&d),
+            // A fault of a transaction that lost a conflict (this read
+            // found it, or an earlier one): an error here is SIGBUS, which
+            // kills a program that only had to abort. Its commit fails
+            // whatever it reads now, so the fault gets committed bytes.
+            Err(e) if fault && tx.is_some() && e.is_conflict() => {
+                match self.engine.read(None, o, offset, size as usize) {
+                    Ok(d) => reply.data(&d),
+                    Err(_) => reply.error(errno(&e)),
+                }
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
