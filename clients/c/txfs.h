@@ -186,8 +186,10 @@ struct txfs_ioc_status {
 struct txfs_ioc_state {
     uint64_t tx;    /* 0: none */
     uint32_t depth; /* nesting depth; 0: none */
-    uint32_t reserved;
+    uint32_t flags; /* TXFS_STATE_DOOMED (0 from daemons before it) */
 };
+/* txfs_ioc_state.flags: the transaction lost a conflict; it can only abort. */
+#define TXFS_STATE_DOOMED 0x1
 
 /* TXFS_IOC_BEGIN_STATE: a begin answered with the calling thread's state
  * after it, and how one of the thread's recent transactions of its own (one

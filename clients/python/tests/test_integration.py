@@ -514,6 +514,42 @@ def test_sqlite_transaction_aborted_leaves_neither_row_nor_attachment(work: str,
     con.close()
 
 
+def test_sqlite_error_in_a_transaction_that_lost_a_conflict_is_a_conflict(work: str) -> None:
+    """Another process commits a row while a transaction reads the same
+    database: the transaction's next read of a changed page fails with
+    EDEADLK, which SQLite reports as "disk I/O error" (sqlite3.OperationalError).
+    That error is the lost conflict's: the block raises Conflict, and
+    txfs.transactional runs it again, which then commits."""
+    db = os.path.join(work, "mail.db")
+    _make_db(db)
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("PRAGMA cache_size=0")  # every statement reads the file
+    tries = []
+
+    @txfs.transactional(attempts=5)
+    def send() -> None:
+        tries.append(1)
+        assert con.execute("SELECT count(*) FROM t").fetchone()[0] >= ROWS
+        if len(tries) == 1:  # someone else commits meanwhile
+            r = run([sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+                     "c.execute(\"UPDATE t SET v = 'other' WHERE id < 400\"); c.commit()", db])
+            assert r.returncode == 0, r.stderr
+        con.execute("INSERT INTO t (v) VALUES ('sent')")
+
+    send()
+    assert len(tries) >= 2, "the conflict was not retried"
+    assert _db_state(db)[:2] == ("ok", ROWS + 1)
+    with pytest.raises(txfs.Conflict) as info:
+        with txfs.transaction():
+            con.execute("SELECT count(*) FROM t").fetchone()
+            r = run([sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+                     "c.execute(\"UPDATE t SET v = 'again' WHERE id < 400\"); c.commit()", db])
+            assert r.returncode == 0, r.stderr
+            con.execute("SELECT sum(length(v)) FROM t").fetchone()
+    assert isinstance(info.value.__cause__, sqlite3.Error), repr(info.value.__cause__)
+    con.close()
+
+
 def _outside_exists(path: str) -> bool:
     r = run([sys.executable, "-c", "import os, sys; print(os.path.exists(sys.argv[1]))", path])
     return r.stdout.strip() == "True"

@@ -41,7 +41,7 @@ int main(void) {
     O(txfs_ioc_status, journal_bytes); O(txfs_ioc_status, journal_syncs);
     O(txfs_ioc_status, checkpoints); O(txfs_ioc_status, last_seq);
     S(txfs_ioc_state); O(txfs_ioc_state, tx); O(txfs_ioc_state, depth);
-    O(txfs_ioc_state, reserved);
+    O(txfs_ioc_state, flags);
     S(txfs_ioc_changes); O(txfs_ioc_changes, pid); O(txfs_ioc_changes, op);
     O(txfs_ioc_changes, offset); O(txfs_ioc_changes, index); O(txfs_ioc_changes, total);
     O(txfs_ioc_changes, len); O(txfs_ioc_changes, snap); O(txfs_ioc_changes, flags);
@@ -113,7 +113,7 @@ def _offsets(fmt: struct.Struct) -> List[int]:
         ("txfs_ioc_flags", _wire.IOC_FLAGS, ["flags", "reserved"]),
         ("txfs_ioc_run", _wire.IOC_RUN, ["pid", "op", "flags", "reserved"]),
         ("txfs_ioc_status", _wire.IOC_STATUS, list(_wire.STATUS_FIELDS)),
-        ("txfs_ioc_state", _wire.IOC_STATE, ["tx", "depth", "reserved"]),
+        ("txfs_ioc_state", _wire.IOC_STATE, ["tx", "depth", "flags"]),
         (
             "txfs_ioc_changes",
             _wire.IOC_CHANGES,
@@ -369,7 +369,7 @@ def test_commit_on_exit_durable_and_ordered(daemon: FakeDaemon) -> None:
     with txfs.transaction() as tx:
         assert tx.mount == "/fake/mnt"
         assert txfs.in_transaction()
-        assert txfs.state() == {"tx": threading.get_native_id(), "depth": 1}
+        assert txfs.state() == {"tx": threading.get_native_id(), "depth": 1, "doomed": False}
     with txfs.transaction(durable=False):
         pass
     commits = [c for c in daemon.calls if c[0] == "TXFS_IOC_COMMIT"]

@@ -127,6 +127,7 @@ class TxState(TypedDict):
 
     tx: int  # 0: none
     depth: int  # nesting depth; 0: none
+    doomed: bool  # lost a conflict: it can only abort
 
 
 # ---- per-thread bookkeeping --------------------------------------------------
@@ -579,8 +580,8 @@ def state(mount: Optional[PathArg] = None) -> TxState:
     """The calling thread's transaction as the daemon sees it."""
     root = find_mount(mount) if mount is not None else _current_mount()
     raw = _ioctl(root, _wire.TXFS_IOC_STATE, bytes(_wire.IOC_STATE.size))
-    tx, depth, _ = _wire.IOC_STATE.unpack(raw)
-    return {"tx": tx, "depth": depth}
+    tx, depth, flags = _wire.IOC_STATE.unpack(raw)
+    return {"tx": tx, "depth": depth, "doomed": bool(flags & _wire.TXFS_STATE_DOOMED)}
 
 
 # ---- the change set -------------------------------------------------------------
@@ -867,12 +868,37 @@ def _is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno == errno.EDEADLK
 
 
+def _io_error(exc: BaseException) -> bool:
+    """An OSError, or an error of the sqlite3 module: what reading a file
+    inside a transaction that lost a conflict raises (SQLite turns the
+    read's EDEADLK into "disk I/O error"); not the program's own
+    exceptions, which are its business."""
+    sqlite = sys.modules.get("sqlite3")
+    return isinstance(exc, OSError) or (sqlite is not None and isinstance(exc, sqlite.Error))
+
+
+def _doomed() -> bool:
+    """Whether the calling thread's transaction has lost a conflict (it
+    can only abort)."""
+    if not _valid():
+        return False
+    assert _local.mount is not None
+    try:
+        raw = _ioctl(_local.mount, _wire.TXFS_IOC_STATE, bytes(_wire.IOC_STATE.size))
+    except OSError as e:
+        return _is_conflict(e)
+    return bool(_wire.IOC_STATE.unpack(raw)[2] & _wire.TXFS_STATE_DOOMED)
+
+
 class Transaction(contextlib.ContextDecorator):
     """What :func:`transaction` returns: a context manager (and decorator).
 
     On a normal exit it commits, on an exception it aborts and re-raises; an
     ``OSError`` with errno ``EDEADLK`` from inside the block is re-raised as
-    :class:`Conflict` (chained), and so is a commit that loses a conflict.
+    :class:`Conflict` (chained), and so is a commit that loses a conflict,
+    and any ``OSError`` or ``sqlite3.Error`` raised while the transaction
+    had lost a conflict (SQLite says "disk I/O error" for the EDEADLK of
+    its read), so that :func:`retry` and :func:`transactional` run it again.
     """
 
     def __init__(self, durable: bool = True, mount: Optional[PathArg] = None) -> None:
@@ -921,8 +947,9 @@ class Transaction(contextlib.ContextDecorator):
                     raise Conflict(errno.EDEADLK, os.strerror(errno.EDEADLK)) from e
                 raise
             return
+        lost = _is_conflict(exc) or (_io_error(exc) and _doomed())
         _abort_quietly()
-        if _is_conflict(exc) and not isinstance(exc, Conflict):
+        if lost and not isinstance(exc, Conflict):
             filename = getattr(exc, "filename", None)
             raise Conflict(errno.EDEADLK, os.strerror(errno.EDEADLK), filename) from exc
 

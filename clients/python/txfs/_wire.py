@@ -96,8 +96,10 @@ STATUS_FIELDS = (
     "checkpoints",
     "last_seq",
 )
-#: struct txfs_ioc_state { uint64_t tx; uint32_t depth; uint32_t reserved; }
+#: struct txfs_ioc_state { uint64_t tx; uint32_t depth; uint32_t flags; }
 IOC_STATE = struct.Struct("=QII")
+#: txfs_ioc_state.flags: the transaction lost a conflict; it can only abort
+TXFS_STATE_DOOMED = 0x1
 #: struct txfs_ioc_changes { uint32_t pid, op; uint64_t offset, index, total;
 #:                           uint32_t len, snap, flags, reserved;
 #:                           unsigned char data[TXFS_CHANGES_DATA]; }

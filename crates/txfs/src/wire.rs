@@ -237,9 +237,13 @@ wire_struct! {
         tx: u64,
         /// 0: none (or joined to a `txfs run` tree without a begin).
         depth: u32,
-        reserved: u32,
+        /// [`STATE_DOOMED`]; 0 from daemons before it.
+        flags: u32,
     }
 }
+
+/// [`State::flags`]: the transaction lost a conflict; it can only abort.
+pub const STATE_DOOMED: u32 = 0x1;
 
 wire_struct! {
     /// BEGIN_STATE: a begin, answered with the state after it and how a

@@ -75,7 +75,8 @@ impl TxFs {
     /// STATE's answer for the caller.
     fn state(&self, c: Caller) -> wire::State {
         let (tx, depth) = self.state_of(c);
-        wire::State { tx: tx.map_or(0, |t| t.0), depth, reserved: 0 }
+        let doomed = tx.is_some_and(|t| self.engine.is_doomed(t));
+        wire::State { tx: tx.map_or(0, |t| t.0), depth, flags: if doomed { wire::STATE_DOOMED } else { 0 } }
     }
 
     /// Whether the caller may read file `ino` through handle `fh`
