@@ -630,3 +630,68 @@ fn a_crash_while_a_failed_checkpoint_waits_loses_nothing_acknowledged() {
     mem.read_at(Path::new("f"), 0, &mut got).unwrap();
     assert_eq!(got, b"new-and-after");
 }
+
+/// A MemFs that fails, once each while armed, the unlink of a checkpoint
+/// marker (`retire`'s second step: the old journal's name is gone already)
+/// and every content write to the backing tree (not truncates).
+struct FailingRetire {
+    inner: Arc<MemFs>,
+    marker: Arc<std::sync::atomic::AtomicBool>,
+    writes: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Storage for FailingRetire {
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, create_file, mkdir, symlink, mknod, readlink, rename, link, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file, set_len);
+    fn write_at(&self, p: &Path, off: u64, data: &[u8]) -> io::Result<()> {
+        if self.writes.load(Ordering::SeqCst) && !p.starts_with(META_DIR) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.write_at(p, off, data)
+    }
+    fn unlink(&self, p: &Path) -> io::Result<()> {
+        let marker = p.extension().is_some_and(|x| x.to_string_lossy().starts_with('p'))
+            && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("ckpt-"));
+        if marker && self.marker.swap(false, Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.unlink(p)
+    }
+}
+
+/// Story (review of the retry): a checkpoint's contents are written and
+/// synced, then its retirement fails half way — the old journal's name is
+/// gone, the marker's unlink meets EIO. The retry used to write the
+/// contents again (truncate, then extents); interrupted (here by EIO on the
+/// writes, then a crash), it left a file cut short, and recovery, finding
+/// no journal, took the plan as done: the bytes were lost. A retry after a
+/// failed retirement only retires.
+#[test]
+fn a_checkpoint_whose_retirement_failed_is_only_retired_again() {
+    use std::sync::atomic::AtomicBool;
+    let mem = Arc::new(MemFs::new());
+    let (marker, writes) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let fs = Arc::new(FailingRetire { inner: mem.clone(), marker: marker.clone(), writes: writes.clone() });
+    let e = Engine::open(fs.clone(), opts(64 << 20)).unwrap();
+    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+    e.write(None, f, 0, b"old contents, longer").unwrap();
+    e.checkpoint().unwrap();
+    e.truncate(None, f, 0).unwrap();
+    e.write(None, f, 0, b"new contents").unwrap();
+    e.sync().unwrap();
+    marker.store(true, Ordering::SeqCst);
+    let err = e.checkpoint().expect_err("the retirement met EIO");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(!marker.load(Ordering::SeqCst), "the injected fault was not met");
+    assert!(e.fault().is_some_and(|f| f.retried), "{:?}", e.fault());
+    writes.store(true, Ordering::SeqCst);
+    e.checkpoint().expect("a retirement retried alone writes no contents");
+    assert_eq!(e.fault(), None);
+    drop(e);
+    writes.store(false, Ordering::SeqCst);
+    let mut got = vec![0u8; 12];
+    mem.read_at(Path::new("f"), 0, &mut got).unwrap();
+    assert_eq!(got, b"new contents");
+    let e = Engine::open(mem.clone(), opts(64 << 20)).unwrap();
+    let f = e.resolve(None, Path::new("f")).unwrap();
+    assert_eq!(e.read(None, f, 0, 64).unwrap(), b"new contents");
+}

@@ -28,6 +28,12 @@ fn a_thread_transaction_past_tx_mem_fails_with_enospc_and_only_aborts() {
     assert!(n > 2_000, "stopped after only {n} writes");
     assert_errno(f.write_at(b"y", 0), libc::ENOSPC, "a write after the cap");
     assert_errno(std::fs::metadata(m.path("g")), libc::ENOSPC, "a lookup after the cap");
+    // STATE does not call it a lost conflict (clients rerun those: this
+    // one would fail the same way again).
+    let mut st = [0u8; 16];
+    m.ioctl_buf(0x8010_e707, &mut st).expect("STATE");
+    assert_ne!(u64::from_le_bytes(st[0..8].try_into().unwrap()), 0, "the transaction lives on");
+    assert_eq!(u32::from_le_bytes(st[12..16].try_into().unwrap()) & 1, 0, "STATE says doomed by a conflict");
     assert_errno(m.commit(), libc::ENOSPC, "the commit");
     // The failed commit ended it: this thread is plain again.
     let mut got = vec![0u8; 9];

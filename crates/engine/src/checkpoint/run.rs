@@ -44,6 +44,11 @@ pub(crate) struct Unfinished {
     pub(crate) why: String,
     /// Failed attempts so far.
     pub(crate) tries: u32,
+    /// Contents and phase 4 are done and synced; only the retirement of
+    /// the old journal, marker and plan failed. Retried alone: once the
+    /// journal's name is gone recovery no longer writes the contents
+    /// again, so a retry must not start rewriting them either.
+    retire_only: bool,
 }
 
 /// Runs a checkpoint; the caller holds the checkpoint lock (one at a time)
@@ -63,7 +68,7 @@ pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
     };
     if let Some((u, storage)) = unfinished {
         let tries = u.tries;
-        finish_contents(state, storage, u.plan, u.journal, u.released, tries)?;
+        finish_contents(state, storage, u.plan, u.journal, u.released, tries, u.retire_only)?;
         tracing::info!(tries, "an unfinished checkpoint is done");
     }
     let (plan, journal, released, storage) = {
@@ -91,12 +96,13 @@ pub(crate) fn run(state: &Mutex<State>, sync: &SyncState) -> Result<()> {
             }
         }
     };
-    finish_contents(state, storage, plan, journal, released, 0)
+    finish_contents(state, storage, plan, journal, released, 0, false)
 }
 
 /// The part of a checkpoint outside the engine lock — contents, phase 4,
 /// the final sync, the old journal's removal — and its end under the lock;
-/// `tries` earlier attempts failed.
+/// `tries` earlier attempts failed; with `retire_only` the contents were
+/// done by one of them.
 fn finish_contents(
     state: &Mutex<State>,
     storage: Arc<dyn crate::storage::Storage>,
@@ -104,10 +110,16 @@ fn finish_contents(
     journal: Arc<dyn StoredFile>,
     released: Vec<ObjId>,
     tries: u32,
+    mut retire_only: bool,
 ) -> Result<()> {
-    let res = contents(&*storage, &plan, &*journal, Some(false))
-        .and_then(|()| delete_and_sync(&*storage, &plan))
-        .and_then(|()| retire(&*storage, &plan));
+    let res = (|| {
+        if !retire_only {
+            contents(&*storage, &plan, &*journal, Some(false))?;
+            delete_and_sync(&*storage, &plan)?;
+            retire_only = true;
+        }
+        retire(&*storage, &plan)
+    })();
     let mut st = state.lock();
     if let Err(e) = res {
         // The namespace is in place and the node table follows it; only
@@ -119,7 +131,7 @@ fn finish_contents(
         // crash meanwhile leaves the plan to recovery, as during any
         // checkpoint's contents).
         let why = format!("checkpoint failed writing contents ({} attempts): {e}", tries + 1);
-        st.unfinished = Some(Unfinished { plan, journal, released, why, tries: tries + 1 });
+        st.unfinished = Some(Unfinished { plan, journal, released, why, tries: tries + 1, retire_only });
         return Err(e);
     }
     // The retired journal was the last thing naming the epoch's data files

@@ -848,7 +848,7 @@ pub(super) fn background(sh: Arc<Shared>, iv: Duration) {
         let unfinished = sh.state.lock().unfinished.as_ref().map(|u| u.tries);
         if let Some(tries) = unfinished {
             since_retry += iv;
-            if since_retry < RETRY_FIRST.saturating_mul(1 << tries.min(6)).min(RETRY_MAX) {
+            if since_retry < RETRY_FIRST.saturating_mul(1 << tries.min(7)).min(RETRY_MAX) {
                 continue;
             }
             since_retry = Duration::ZERO;

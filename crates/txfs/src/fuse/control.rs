@@ -75,7 +75,8 @@ impl TxFs {
     /// STATE's answer for the caller.
     fn state(&self, c: Caller) -> wire::State {
         let (tx, depth) = self.state_of(c);
-        let doomed = tx.is_some_and(|t| self.engine.is_doomed(t));
+        // A lost conflict only (not a cap: rerunning that fails again).
+        let doomed = tx.is_some_and(|t| self.engine.lost_conflict(t));
         wire::State { tx: tx.map_or(0, |t| t.0), depth, flags: if doomed { wire::STATE_DOOMED } else { 0 } }
     }
 

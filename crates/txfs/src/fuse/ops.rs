@@ -381,10 +381,12 @@ impl Filesystem for Fs {
             // found it, or an earlier one): an error here is SIGBUS, which
             // kills a program that only had to abort. Its commit fails
             // whatever it reads now, so the fault gets committed bytes.
+            // (A file the transaction created has no committed bytes: an
+            // empty answer, which the kernel fills with zeros.)
             Err(e) if fault && tx.is_some() && e.is_conflict() => {
                 match self.engine.read(None, o, offset, size as usize) {
                     Ok(d) => reply.data(&d),
-                    Err(_) => reply.error(errno(&e)),
+                    Err(_) => reply.data(&[]),
                 }
             }
             Err(e) => reply.error(errno(&e)),
