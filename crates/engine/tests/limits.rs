@@ -551,6 +551,21 @@ impl Storage for FailingTree {
     }
 }
 
+/// An engine on a [`FailingTree`] (disarmed) whose next checkpoint has
+/// contents to write: "new" over the checkpointed "old contents" of `f`.
+fn contents_fault_ahead() -> (Arc<MemFs>, Arc<std::sync::atomic::AtomicBool>, Engine, ObjId) {
+    let mem = Arc::new(MemFs::new());
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fs = Arc::new(FailingTree { inner: mem.clone(), armed: armed.clone() });
+    let e = Engine::open(fs, opts(64 << 20)).unwrap();
+    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+    e.write(None, f, 0, b"old contents").unwrap();
+    e.checkpoint().unwrap();
+    e.write(None, f, 0, b"new").unwrap();
+    e.sync().unwrap();
+    (mem, armed, e, f)
+}
+
 /// Story (issue 23): the checkpoint's contents phase meets EIO on the
 /// backing tree (a disk going bad, or one that filled after the estimate).
 /// The mount used to stop: first every request, then every
@@ -561,15 +576,7 @@ impl Storage for FailingTree {
 /// it and then checkpoints what came after.
 #[test]
 fn a_checkpoint_that_fails_writing_contents_is_retried_and_nothing_stops() {
-    let mem = Arc::new(MemFs::new());
-    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let fs = Arc::new(FailingTree { inner: mem.clone(), armed: armed.clone() });
-    let e = Engine::open(fs.clone(), opts(64 << 20)).unwrap();
-    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
-    e.write(None, f, 0, b"old contents").unwrap();
-    e.checkpoint().unwrap();
-    e.write(None, f, 0, b"new").unwrap();
-    e.sync().unwrap();
+    let (mem, armed, e, f) = contents_fault_ahead();
     armed.store(true, Ordering::SeqCst);
     let err = e.checkpoint().expect_err("the checkpoint met EIO");
     assert_eq!(err.errno(), libc::EIO, "{err}");
@@ -607,15 +614,7 @@ fn a_checkpoint_that_fails_writing_contents_is_retried_and_nothing_stops() {
 /// was acknowledged after the fault is there.
 #[test]
 fn a_crash_while_a_failed_checkpoint_waits_loses_nothing_acknowledged() {
-    let mem = Arc::new(MemFs::new());
-    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let fs = Arc::new(FailingTree { inner: mem.clone(), armed: armed.clone() });
-    let e = Engine::open(fs.clone(), opts(64 << 20)).unwrap();
-    let f = e.create(None, ObjId::ROOT, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
-    e.write(None, f, 0, b"old contents").unwrap();
-    e.checkpoint().unwrap();
-    e.write(None, f, 0, b"new").unwrap();
-    e.sync().unwrap();
+    let (mem, armed, e, f) = contents_fault_ahead();
     armed.store(true, Ordering::SeqCst);
     e.checkpoint().expect_err("the checkpoint met EIO");
     e.write(None, f, 3, b"-and-after").unwrap();

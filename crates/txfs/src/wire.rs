@@ -94,30 +94,34 @@ impl Field for u8 {
 /// The bytes a [`Changes`] answer carries.
 pub const CHANGES_DATA: usize = 16320;
 
-/// [`Changes::data`]: a plain byte array too long for `Default`.
+/// A plain byte array field too long for `Default` ([`Page`], [`Why`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Page(pub [u8; CHANGES_DATA]);
+pub struct Bytes<const N: usize>(pub [u8; N]);
 
-impl Default for Page {
+impl<const N: usize> Default for Bytes<N> {
     fn default() -> Self {
-        Page([0; CHANGES_DATA])
+        Bytes([0; N])
     }
 }
 
-impl std::fmt::Debug for Page {
+impl<const N: usize> std::fmt::Debug for Bytes<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Page({} bytes)", CHANGES_DATA)
+        let used = self.0.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        write!(f, "Bytes<{N}>({:?})", String::from_utf8_lossy(&self.0[..used.min(64)]))
     }
 }
 
-impl Field for Page {
+impl<const N: usize> Field for Bytes<N> {
     fn put(&self, out: &mut [u8]) {
-        out[..CHANGES_DATA].copy_from_slice(&self.0);
+        out[..N].copy_from_slice(&self.0);
     }
     fn get(b: &[u8]) -> Self {
-        Page(b[..CHANGES_DATA].try_into().expect("a page"))
+        Bytes(b[..N].try_into().expect("N bytes"))
     }
 }
+
+/// [`Changes::data`].
+pub type Page = Bytes<CHANGES_DATA>;
 
 impl<T: Field + Copy + Default, const N: usize> Field for [T; N] {
     fn put(&self, out: &mut [u8]) {
@@ -294,30 +298,8 @@ wire_struct! {
 /// The bytes of [`Fault::why`].
 pub const FAULT_WHY: usize = 1016;
 
-/// [`Fault::why`]: a plain byte array too long for `Default`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Why(pub [u8; FAULT_WHY]);
-
-impl Default for Why {
-    fn default() -> Self {
-        Why([0; FAULT_WHY])
-    }
-}
-
-impl std::fmt::Debug for Why {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Why({:?})", String::from_utf8_lossy(&self.0).trim_end_matches('\0'))
-    }
-}
-
-impl Field for Why {
-    fn put(&self, out: &mut [u8]) {
-        out[..FAULT_WHY].copy_from_slice(&self.0);
-    }
-    fn get(b: &[u8]) -> Self {
-        Why(b[..FAULT_WHY].try_into().expect("a reason"))
-    }
-}
+/// [`Fault::why`].
+pub type Why = Bytes<FAULT_WHY>;
 
 wire_struct! {
     /// FAULT: why the mount stopped acknowledging anything, for `txfs status`.
