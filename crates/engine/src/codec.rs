@@ -22,9 +22,11 @@
 //! format, so a field may never be added, removed or reordered, and an
 //! enum may only gain variants at its end. A new format is a new record
 //! version (as version 2 added the file refs after the version-1 body).
-//! A plan has no version: `DataOp::files`, added to it in place, is why a
-//! plan of the first format no longer decodes (`tests/journal_compat.rs`
-//! pins that refusal); a change to the plan needs a version first.
+//! The first plans had no version: `DataOp::files`, added to them in
+//! place, is why a plan of the very first layout no longer decodes
+//! (`tests/journal_compat.rs` pins that refusal). A plan's body now
+//! starts with a version mark (`checkpoint/plan.rs`, `PLAN_V2`: paths as a
+//! table, issue 23); a body without it is read as the unversioned format.
 //!
 //! This is exactly what bincode 1.x's `serialize` (fixed-width integers,
 //! little-endian) made of the serde-derived types, which wrote every
@@ -136,6 +138,7 @@ pub(crate) trait Codec: Sized {
 }
 
 /// A whole value's bytes.
+#[cfg(test)]
 pub(crate) fn encode<T: Codec>(value: &T) -> Vec<u8> {
     let mut out = Vec::new();
     value.put(&mut out);
@@ -233,6 +236,16 @@ tuple!(0 A, 1 B, 2 C, 3 D);
 /// A struct: its fields, in this order (the declaration order, which is
 /// the format).
 macro_rules! fields {
+    ($t:ident < $g:ident > { $($f:ident),* $(,)? }) => {
+        impl<$g: $crate::codec::Codec> $crate::codec::Codec for $t<$g> {
+            fn put(&self, out: &mut Vec<u8>) {
+                $( $crate::codec::Codec::put(&self.$f, out); )*
+            }
+            fn get(r: &mut $crate::codec::Reader<'_>) -> std::result::Result<Self, $crate::codec::DecodeError> {
+                Ok($t { $( $f: $crate::codec::Codec::get(r)?, )* })
+            }
+        }
+    };
     ($t:ident { $($f:ident),* $(,)? }) => {
         impl $crate::codec::Codec for $t {
             fn put(&self, out: &mut Vec<u8>) {

@@ -1,22 +1,31 @@
 //! Golden bytes of the journal record and the checkpoint plan: what
 //! `codec`'s encoding makes of one value of every kind, compared with
 //! checked-in bytes that bincode 1.x wrote before the engine had its own
-//! codec (`tests/fixtures/golden/`), and how strictly decoding refuses
-//! what is not a whole value.
-use crate::checkpoint::plan::{decode_plan, encode_plan, AttrOp, DataOp, MoveOut, Place, Plan};
+//! codec (`tests/fixtures/golden/`; the `-v2` plans, with a path table,
+//! were written by this encoder), and how strictly decoding refuses what
+//! is not a whole value.
+use crate::checkpoint::plan::{decode_plan, encode_plan, AttrOp, DataOp, MoveOut, Place, PlanV1};
+use crate::codec::encode;
 use crate::delta::NO_CUT;
 use crate::ids::{Epoch, Seq};
 use crate::journal::{CommitRecord, FileRef, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj};
 use crate::journal::{REC_VERSION, REC_VERSION_FILES};
+use crate::log::record::PATH_ROOT;
 use crate::storage::{FileKind, Timestamp};
 
 const RECORD_V1: &[u8] = include_bytes!("../tests/fixtures/golden/record-v1.bin");
 const RECORD_V2: &[u8] = include_bytes!("../tests/fixtures/golden/record-v2.bin");
+/// `record(file_refs())` with checksums and its base objects named through
+/// a path table (this encoder wrote it).
+const RECORD_PATHS: &[u8] = include_bytes!("../tests/fixtures/golden/record-paths.bin");
 const PLAN: &[u8] = include_bytes!("../tests/fixtures/golden/plan.bin");
+/// The same plan in the second format (a path table; this encoder wrote it).
+const PLAN_V2: &[u8] = include_bytes!("../tests/fixtures/golden/plan-v2.bin");
 /// Written by hand from the layout in docs/design/journal.md (not by this
 /// encoder): the kinds added after bincode's time, fifo to block device.
 const RECORD_SPECIAL: &[u8] = include_bytes!("../tests/fixtures/golden/record-special.bin");
 const PLAN_SPECIAL: &[u8] = include_bytes!("../tests/fixtures/golden/plan-special.bin");
+const PLAN_SPECIAL_V2: &[u8] = include_bytes!("../tests/fixtures/golden/plan-special-v2.bin");
 
 fn ts(secs: i64, nanos: u32) -> Option<Timestamp> {
     Some(Timestamp { secs, nanos })
@@ -78,6 +87,7 @@ fn record(files: Vec<FileRef>) -> CommitRecord {
         ],
         files,
         crcs: vec![],
+        paths: vec![],
     }
 }
 
@@ -90,8 +100,8 @@ fn file_refs() -> Vec<FileRef> {
 
 /// A plan with every step: both moves out, every placement, data from
 /// the journal and from data files, attributes set and left alone.
-fn plan() -> Plan {
-    Plan {
+fn plan() -> PlanV1 {
+    PlanV1 {
         epoch: Epoch(7),
         last_seq: Seq(41),
         out: vec![
@@ -194,12 +204,13 @@ fn special_record() -> CommitRecord {
         ],
         files: vec![],
         crcs: vec![],
+        paths: vec![],
     }
 }
 
 /// A plan that makes every special kind, and links to one.
-fn special_plan() -> Plan {
-    Plan {
+fn special_plan() -> PlanV1 {
+    PlanV1 {
         epoch: Epoch(8),
         last_seq: Seq(50),
         out: vec![],
@@ -289,6 +300,89 @@ fn record_with_data_file_checksums_is_version_2_followed_by_the_crcs() {
     assert_eq!(encoded(&old), (RECORD_V2.to_vec(), REC_VERSION_FILES));
 }
 
+/// The same record with its base objects as entries of a path table
+/// (`ObjRef::Path`), each path entered component by component.
+fn with_path_table(mut rec: CommitRecord) -> CommitRecord {
+    let mut table: Vec<(u32, Vec<u8>)> = Vec::new();
+    let mut enter = |r: &mut ObjRef| {
+        let ObjRef::Base(p) = r else { return };
+        let mut at = PATH_ROOT;
+        for name in p.split(|b| *b == b'/').filter(|n| !n.is_empty()) {
+            at = match table.iter().position(|(pp, n)| *pp == at && n == name) {
+                Some(i) => i as u32,
+                None => {
+                    table.push((at, name.to_vec()));
+                    (table.len() - 1) as u32
+                }
+            };
+        }
+        // The root is no entry: it stays a path (empty).
+        if at != PATH_ROOT {
+            *r = ObjRef::Path(at);
+        }
+    };
+    for d in &mut rec.dirs {
+        enter(&mut d.dir);
+        for (_, e) in &mut d.entries {
+            if let Some(r) = e {
+                enter(r);
+            }
+        }
+    }
+    for o in &mut rec.objs {
+        enter(&mut o.obj);
+    }
+    rec.paths = table;
+    rec
+}
+
+/// A record naming base objects through its path table (issue 23: whole
+/// paths made a deep tree's record grow with the square of its depth)
+/// stays version 2: the table follows the checksums, which are then always
+/// written. A binary older than the table refuses the record's refs (an
+/// unknown `ObjRef` variant: `Corrupt`), never cuts it as a torn tail.
+#[test]
+fn record_with_a_path_table_is_version_2_and_its_golden_bytes() {
+    let mut plain = record(file_refs());
+    plain.crcs = vec![7, 8];
+    let rec = with_path_table(plain.clone());
+    assert!(!rec.paths.is_empty());
+    let (meta, version) = encoded(&rec);
+    assert_eq!(version, REC_VERSION_FILES);
+    assert!(meta == RECORD_PATHS, "record with a path table changed:\n{meta:02x?}");
+    let back = CommitRecord::decode(RECORD_PATHS, REC_VERSION_FILES).expect("decodes");
+    assert_eq!(encoded(&back).0, RECORD_PATHS);
+    assert_eq!(back.paths, rec.paths);
+    // Each ref names the path the plain record named.
+    let whole = |r: &CommitRecord| -> Vec<Vec<u8>> {
+        r.refs()
+            .map(|o| match o {
+                ObjRef::Base(p) => p.clone(),
+                ObjRef::Path(i) => r.path_of(*i),
+                ObjRef::New(id) => format!("new {id}").into_bytes(),
+            })
+            .collect()
+    };
+    assert_eq!(whole(&back), whole(&plain));
+    // A table without checksums would be read as them: both are written.
+    let mut no_crcs = rec.clone();
+    no_crcs.crcs.clear();
+    no_crcs.files.clear();
+    let (meta, version) = encoded(&no_crcs);
+    assert_eq!(version, REC_VERSION_FILES);
+    let back = CommitRecord::decode(&meta, version).expect("decodes");
+    assert_eq!((back.files.len(), back.crcs.len(), back.paths), (0, 0, rec.paths.clone()));
+    // A ref past the table, a parent after its entry, or a table read as
+    // version 1 (which ends at the body): refused.
+    let mut past = rec.clone();
+    past.objs[0].obj = ObjRef::Path(rec.paths.len() as u32);
+    assert!(CommitRecord::decode(&encoded(&past).0, REC_VERSION_FILES).is_err());
+    let mut forward = rec.clone();
+    forward.paths[0].0 = 1;
+    assert!(CommitRecord::decode(&encoded(&forward).0, REC_VERSION_FILES).is_err());
+    assert!(CommitRecord::decode(RECORD_PATHS, REC_VERSION).is_err());
+}
+
 /// Fifos, sockets and devices need no new record version: their kinds
 /// are new variants at the end of the kind's enum (tags 4..7), a device's
 /// number rides after its tag, and everything an earlier build wrote
@@ -323,21 +417,47 @@ fn record_with_special_files_is_version_1_and_its_golden_bytes() {
     assert_eq!(encoded(&rec).0, RECORD_SPECIAL);
 }
 
+/// A plan of the first format (whole paths, no version) still decodes, to
+/// the same plan; it is written in the second (a path table), whose
+/// bytes are golden too.
+fn plan_formats(v1: PlanV1, v1_bytes: &[u8], v2_bytes: &[u8], what: &str) {
+    let body = encode(&v1);
+    assert!(body == v1_bytes, "{what}: first-format bytes changed:\n{body:02x?}");
+    let back = decode_plan(v1_bytes).expect("the first format decodes");
+    assert_eq!(encode(&back.to_v1()), v1_bytes, "{what}: the same plan");
+    let body = encode_plan(&back);
+    assert!(body == v2_bytes, "{what}: second-format bytes changed:\n{body:02x?}");
+    let again = decode_plan(v2_bytes).expect("the second format decodes");
+    assert_eq!(encode_plan(&again), v2_bytes);
+    assert_eq!(encode(&again.to_v1()), v1_bytes, "{what}: the same plan");
+}
+
 #[test]
 fn plan_with_special_files_golden_bytes() {
-    let body = encode_plan(&special_plan());
-    assert!(body == PLAN_SPECIAL, "special plan bytes changed:\n{body:02x?}");
-    let back = decode_plan(PLAN_SPECIAL).expect("decodes");
-    assert_eq!(encode_plan(&back), PLAN_SPECIAL);
+    plan_formats(special_plan(), PLAN_SPECIAL, PLAN_SPECIAL_V2, "special plan");
+    let back = decode_plan(PLAN_SPECIAL_V2).expect("decodes");
     assert!(matches!(back.place[3], Place::Special { kind: FileKind::CharDev, rdev: DEV_NULL, .. }));
 }
 
 #[test]
 fn plan_golden_bytes() {
-    let body = encode_plan(&plan());
-    assert!(body == PLAN, "plan bytes changed:\n{body:02x?}");
-    let back = decode_plan(PLAN).expect("decodes");
-    assert_eq!(encode_plan(&back), PLAN);
+    plan_formats(plan(), PLAN, PLAN_V2, "plan");
+}
+
+/// A second-format plan whose steps name a path its table does not have
+/// is refused.
+#[test]
+fn a_plan_naming_a_path_outside_its_table_is_refused() {
+    let mut p = decode_plan(PLAN_V2).expect("decodes");
+    assert!(decode_plan(&encode_plan(&p)).is_some());
+    let last = p.paths.entries() - 1;
+    p.dead.push(decode_plan(PLAN_V2).unwrap().dead[0]);
+    assert!(decode_plan(&encode_plan(&p)).is_some());
+    let mut body = encode_plan(&p);
+    // The last dead path is the body's last 4 bytes: one past the table.
+    let n = body.len();
+    body[n - 4..].copy_from_slice(&((last + 1) as u32).to_le_bytes());
+    assert!(decode_plan(&body).is_none());
 }
 
 /// Every prefix of a record or plan is refused, with the reason that
@@ -353,6 +473,9 @@ fn truncation_is_refused() {
     }
     for n in 0..PLAN.len() {
         assert!(decode_plan(&PLAN[..n]).is_none(), "prefix {n}");
+    }
+    for n in 0..PLAN_V2.len() {
+        assert!(decode_plan(&PLAN_V2[..n]).is_none(), "prefix {n}");
     }
     for n in 0..RECORD_SPECIAL.len() {
         assert!(CommitRecord::decode(&RECORD_SPECIAL[..n], REC_VERSION).is_err(), "prefix {n}");
@@ -375,9 +498,11 @@ fn trailing_bytes_are_ignored() {
     let mut meta = RECORD_V2.to_vec();
     meta.extend_from_slice(&[0xff; 9]);
     assert!(CommitRecord::decode(&meta, REC_VERSION_FILES).is_err());
-    let mut body = PLAN.to_vec();
-    body.extend_from_slice(&[0xff; 9]);
-    assert_eq!(encode_plan(&decode_plan(&body).expect("decodes")), PLAN);
+    for (plan, v2) in [(PLAN, PLAN_V2), (PLAN_V2, PLAN_V2)] {
+        let mut body = plan.to_vec();
+        body.extend_from_slice(&[0xff; 9]);
+        assert_eq!(encode_plan(&decode_plan(&body).expect("decodes")), v2);
+    }
 }
 
 /// Bytes that no encoder writes are refused: a bool, an `Option` tag or
@@ -402,9 +527,10 @@ fn garbage_is_refused() {
     assert_eq!(decode(&fifo(4)), Ok(()));
     assert_eq!(decode(&fifo(6)), Err("io error: failed to fill whole buffer".into()));
     assert_eq!(decode(&with(&[0, 0, 0, 0, 2])), Err("tag for enum is not valid, found 2".into()));
-    // objs: len 1, ObjRef variant 2
-    let objs = [&[0u8; 16][..], &[1, 0, 0, 0, 0, 0, 0, 0], &[2, 0, 0, 0]].concat();
-    assert_eq!(decode(&objs), Err("invalid value: integer `2`, expected variant index 0 <= i < 2".into()));
+    // objs: len 1, ObjRef variant 3 (2 is an entry of a path table, which
+    // a record without one refuses: `record_with_a_path_table_...`)
+    let objs = [&[0u8; 16][..], &[1, 0, 0, 0, 0, 0, 0, 0], &[3, 0, 0, 0]].concat();
+    assert_eq!(decode(&objs), Err("invalid value: integer `3`, expected variant index 0 <= i < 3".into()));
     // A length that runs past the end.
     let long = [&u64::MAX.to_le_bytes()[..], &[0u8; 16]].concat();
     assert_eq!(decode(&long), Err("io error: failed to fill whole buffer".into()));

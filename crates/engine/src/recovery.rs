@@ -34,7 +34,7 @@ use crate::ids::{DataFileId, Epoch, ObjId, Seq};
 use crate::log::files::{self, data_path, is_missing, journal_path, META_DIR};
 use crate::log::journal::{self, JournalWriter};
 use crate::log::mark;
-use crate::log::record::{CommitRecord, FileRef, ObjRef};
+use crate::log::record::{CommitRecord, FileRef, ObjRef, PATH_ROOT};
 use crate::storage::{FileKind, Storage};
 use crate::txn::api::Options;
 use crate::txn::state::State;
@@ -387,9 +387,19 @@ fn decode(
         news.insert(n.id, o);
         d.created.insert(o, NewObj { kind: n.kind, target: n.target.clone().map(OsString::from_vec), rdev: n.rdev });
     }
+    // The record's path table, each entry from its parent's (earlier).
+    let mut paths: Vec<ObjId> = Vec::with_capacity(rec.paths.len());
+    for (i, (parent, name)) in rec.paths.iter().enumerate() {
+        let dir = if *parent == PATH_ROOT { ObjId::ROOT } else { paths[*parent as usize] };
+        let o = st.base_child(dir, OsStr::from_bytes(name))?.ok_or_else(|| {
+            Error::Poisoned(format!("{} is not in the backing tree", String::from_utf8_lossy(&rec.path_of(i as u32))))
+        })?;
+        paths.push(o);
+    }
     let resolve = |st: &mut State, news: &HashMap<u64, ObjId>, r: &ObjRef| -> Result<ObjId> {
         match r {
             ObjRef::New(id) => news.get(id).copied().ok_or_else(|| Error::Poisoned(format!("unknown new object {id}"))),
+            ObjRef::Path(i) => Ok(paths[*i as usize]),
             ObjRef::Base(p) => {
                 let mut cur = ObjId::ROOT;
                 for c in Path::new(OsStr::from_bytes(p)).components() {
@@ -622,9 +632,6 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
                 // Every base object a record names must exist (no plan running).
                 if rep.plan.is_none() {
                     for r in &scan.records {
-                        let refs = r.record.dirs.iter().flat_map(|d| {
-                            std::iter::once(&d.dir).chain(d.entries.iter().filter_map(|(_, e)| e.as_ref()))
-                        });
                         for (i, fr) in r.record.files.iter().enumerate() {
                             let dp = data_path(DataFileId(fr.file));
                             let len = s.lstat(&dp).map(|m| m.size).unwrap_or(0);
@@ -649,16 +656,19 @@ pub fn check(s: &dyn Storage) -> Result<CheckReport> {
                                 }
                             }
                         }
-                        for o in refs.chain(r.record.objs.iter().map(|o| &o.obj)) {
-                            if let ObjRef::Base(p) = o {
-                                if !p.starts_with(b".txfs/") && s.lstat(Path::new(OsStr::from_bytes(p))).is_err() {
-                                    rep.problems.push(format!(
-                                        "{} seq {}: names {} which is not in the backing tree",
-                                        jp.display(),
-                                        r.seq.0,
-                                        String::from_utf8_lossy(p)
-                                    ));
-                                }
+                        for o in r.record.refs() {
+                            let p = match o {
+                                ObjRef::Base(p) => p.clone(),
+                                ObjRef::Path(i) => r.record.path_of(*i),
+                                ObjRef::New(_) => continue,
+                            };
+                            if !p.starts_with(b".txfs/") && s.lstat(Path::new(OsStr::from_bytes(&p))).is_err() {
+                                rep.problems.push(format!(
+                                    "{} seq {}: names {} which is not in the backing tree",
+                                    jp.display(),
+                                    r.seq.0,
+                                    String::from_utf8_lossy(&p)
+                                ));
                             }
                         }
                     }

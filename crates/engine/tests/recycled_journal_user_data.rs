@@ -75,6 +75,7 @@ fn user_data_in_a_recycled_journal_is_not_replayed_as_a_commit() {
         }],
         files: vec![],
         crcs: vec![],
+        paths: vec![],
     };
     let (meta, version) = rec.encode().unwrap();
     assert_eq!(version, REC_VERSION);

@@ -12,13 +12,15 @@
 //! `check_after_a_checkpoint_killed_at_every_step_reports_no_damage`),
 //! `tests/checkpoint_syncs.rs` (which directories phase 1 syncs).
 
-use super::plan::{marker_path, p, plan_path, prepare_shadow, MoveOut, Place, Plan};
+use super::paths::PathRef;
+use super::plan::{marker_path, plan_path, prepare_shadow, MoveOut, Place, Plan};
 use crate::delta::NO_CUT;
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{DataFileId, Epoch};
 use crate::log::files::{data_path, is_missing, journal_path, keep_as_spare, recycle_spare, META_DIR};
 use crate::log::journal;
 use crate::storage::{FileKind, Storage, StoredFile};
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -48,7 +50,7 @@ pub fn execute(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile) -> Result
 /// programs' writes may have filled.
 fn sync_moves_out(s: &dyn Storage, plan: &Plan) -> Result<()> {
     const MAX_DIRS: usize = 64;
-    let parent = |path: &[u8]| p(path).parent().unwrap_or(Path::new("")).to_path_buf();
+    let parent = |path: &PathRef| plan.paths.parent(*path);
     let mut dirs = std::collections::BTreeSet::new();
     for m in &plan.out {
         match m {
@@ -61,71 +63,79 @@ fn sync_moves_out(s: &dyn Storage, plan: &Plan) -> Result<()> {
             }
         }
     }
-    if dirs.len() <= MAX_DIRS && dirs.iter().all(|d| s.fsync(d).is_ok()) {
+    if dirs.len() <= MAX_DIRS && dirs.iter().all(|d| s.fsync(&plan.path(*d)).is_ok()) {
         return Ok(());
     }
     s.sync_all().ctx("checkpoint sync", || "phase 1".into())
 }
 
 /// `fsync` of each folder, or `syncfs` if one cannot be (gone).
-fn sync_dirs(s: &dyn Storage, dirs: &std::collections::BTreeSet<std::path::PathBuf>, what: &str) -> Result<()> {
-    if dirs.iter().all(|d| s.fsync(d).is_ok()) {
+fn sync_dirs(s: &dyn Storage, plan: &Plan, dirs: &std::collections::BTreeSet<PathRef>, what: &str) -> Result<()> {
+    if dirs.iter().all(|d| s.fsync(&plan.path(*d)).is_ok()) {
         return Ok(());
     }
     s.sync_all().ctx("checkpoint sync", || what.into())
 }
 
-fn in_stage(path: &[u8]) -> bool {
-    p(path).starts_with(Path::new(META_DIR).join("stage"))
+/// Which of a plan's paths are in the stage folder.
+fn in_stage(plan: &Plan) -> impl Fn(PathRef) -> bool + '_ {
+    let stage = plan.paths.find(&Path::new(META_DIR).join("stage"));
+    move |r| stage.is_some_and(|st| plan.paths.is_within(r, st))
 }
 
 /// Phase 1, the marker, phase 2: every name the plan changes.
 pub(super) fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
     let marker = marker_path(plan.epoch);
     if !exists(s, &marker)? {
-        // Moves since the last sync, and the folders they changed.
-        let mut moved: Vec<&Path> = Vec::new();
+        // Folders above the moves since the last sync, and the folders
+        // those moves changed.
+        let mut above_moved: HashSet<PathRef> = HashSet::new();
         let mut dirty = std::collections::BTreeSet::new();
         for m in &plan.out {
-            let (MoveOut::Stage { from, .. } | MoveOut::Unlink { from }) = m;
+            let (MoveOut::Stage { from: from_ref, .. } | MoveOut::Unlink { from: from_ref }) = m;
             // Deepest first: an entry is moved out before the folder that
             // holds it. Those inner moves are made durable before the outer
             // one: a file system that does not order metadata could keep
             // the folder's move and lose them, and the replay would find
             // neither the entry's old name nor its stage name.
-            if moved.iter().any(|f| f.starts_with(p(from)) && *f != p(from)) {
-                sync_dirs(s, &dirty, "phase 1")?;
-                (moved, dirty) = (Vec::new(), Default::default());
+            if above_moved.contains(from_ref) {
+                sync_dirs(s, plan, &dirty, "phase 1")?;
+                (above_moved, dirty) = (HashSet::new(), Default::default());
             }
-            moved.push(p(from));
-            dirty.insert(p(from).parent().unwrap_or(Path::new("")).to_path_buf());
+            let mut up = plan.paths.parent(*from_ref);
+            while up != PathRef::ROOT && above_moved.insert(up) {
+                up = plan.paths.parent(up);
+            }
+            dirty.insert(plan.paths.parent(*from_ref));
             if let MoveOut::Stage { stage, .. } = m {
-                dirty.insert(p(stage).parent().unwrap_or(Path::new("")).to_path_buf());
+                dirty.insert(plan.paths.parent(*stage));
             }
+            let from = &plan.path(*from_ref);
             match m {
-                MoveOut::Stage { from, stage } => {
-                    if exists(s, p(stage))? {
-                        if exists(s, p(from))? {
-                            s.unlink(p(from)).ctx("checkpoint unlink", || p(from).display().to_string())?;
+                MoveOut::Stage { stage, .. } => {
+                    let stage = &plan.path(*stage);
+                    if exists(s, stage)? {
+                        if exists(s, from)? {
+                            s.unlink(from).ctx("checkpoint unlink", || from.display().to_string())?;
                         }
                         continue;
                     }
-                    match s.rename(p(from), p(stage)) {
+                    match s.rename(from, stage) {
                         Ok(()) => {}
                         Err(e) if is_missing(&e) => {
                             return Err(Error::Corrupt {
                                 path: plan_path(plan.epoch),
                                 offset: 0,
-                                detail: format!("{} vanished before phase 1 moved it", p(from).display()),
+                                detail: format!("{} vanished before phase 1 moved it", from.display()),
                             })
                         }
-                        Err(e) => return Err(Error::io("checkpoint move", p(from).display().to_string(), e)),
+                        Err(e) => return Err(Error::io("checkpoint move", from.display().to_string(), e)),
                     }
                 }
-                MoveOut::Unlink { from } => match s.unlink(p(from)) {
+                MoveOut::Unlink { .. } => match s.unlink(from) {
                     Ok(()) => {}
                     Err(e) if is_missing(&e) => {}
-                    Err(e) => return Err(Error::io("checkpoint unlink", p(from).display().to_string(), e)),
+                    Err(e) => return Err(Error::io("checkpoint unlink", from.display().to_string(), e)),
                 },
             }
         }
@@ -134,74 +144,73 @@ pub(super) fn namespace(s: &dyn Storage, plan: &Plan) -> Result<()> {
         s.fsync(Path::new(META_DIR)).ctx("checkpoint marker", || META_DIR.into())?;
     }
     // Folders phase 2 made whose names are not yet durable.
-    let mut made: Vec<&Path> = Vec::new();
+    let mut made: Vec<PathRef> = Vec::new();
+    let corrupt = |detail: String| Error::Corrupt { path: plan_path(plan.epoch), offset: 0, detail };
     for pl in &plan.place {
         match pl {
-            Place::Rename { stage, to } => {
+            Place::Rename { stage, to: to_ref } => {
                 // A rename moves an object that has no other name: the
                 // folder it goes into must not be lost (a `mkdir` of this
                 // phase whose parent was not synced), or the object would
                 // be lost with it and the replay would find neither name.
-                if made.iter().any(|d| p(to).starts_with(d)) {
-                    let parents = made.iter().map(|d| d.parent().unwrap_or(Path::new("")).to_path_buf()).collect();
-                    sync_dirs(s, &parents, "phase 2")?;
+                if made.iter().any(|d| plan.paths.is_within(*to_ref, *d)) {
+                    let parents = made.iter().map(|d| plan.paths.parent(*d)).collect();
+                    sync_dirs(s, plan, &parents, "phase 2")?;
                     made.clear();
                 }
-                if exists(s, p(stage))? {
-                    s.rename(p(stage), p(to)).ctx("checkpoint place", || p(to).display().to_string())?;
-                } else if !exists(s, p(to))? {
-                    return Err(Error::Corrupt {
-                        path: plan_path(plan.epoch),
-                        offset: 0,
-                        detail: format!("neither {} nor {} exists", p(stage).display(), p(to).display()),
-                    });
+                let (stage, to) = (&plan.path(*stage), &plan.path(*to_ref));
+                if exists(s, stage)? {
+                    s.rename(stage, to).ctx("checkpoint place", || to.display().to_string())?;
+                } else if !exists(s, to)? {
+                    return Err(corrupt(format!("neither {} nor {} exists", stage.display(), to.display())));
                 }
             }
             Place::Replace { data, to, size, keep } => {
-                if exists(s, p(data))? {
-                    replace_file(s, p(data), p(to), *size, keep.as_deref().map(p))?;
-                } else if !exists(s, p(to))? {
-                    return Err(Error::Corrupt {
-                        path: plan_path(plan.epoch),
-                        offset: 0,
-                        detail: format!("neither {} nor {} exists", p(data).display(), p(to).display()),
-                    });
+                let (data, to) = (&plan.path(*data), &plan.path(*to));
+                if exists(s, data)? {
+                    replace_file(s, data, to, *size, keep.map(|k| plan.path(k)).as_deref())?;
+                } else if !exists(s, to)? {
+                    return Err(corrupt(format!("neither {} nor {} exists", data.display(), to.display())));
                 }
             }
             Place::File { to } => {
-                s.create_file(p(to), 0o600).ctx("checkpoint create", || p(to).display().to_string())?
+                let to = &plan.path(*to);
+                s.create_file(to, 0o600).ctx("checkpoint create", || to.display().to_string())?
             }
-            Place::Dir { to } => {
-                if !exists(s, p(to))? {
-                    s.mkdir(p(to), 0o700).ctx("checkpoint mkdir", || p(to).display().to_string())?;
-                    made.push(p(to));
+            Place::Dir { to: to_ref } => {
+                let to = &plan.path(*to_ref);
+                if !exists(s, to)? {
+                    s.mkdir(to, 0o700).ctx("checkpoint mkdir", || to.display().to_string())?;
+                    made.push(*to_ref);
                 }
             }
             Place::Symlink { to, target } => {
-                if !exists(s, p(to))? {
-                    s.symlink(OsStr::from_bytes(target), p(to))
-                        .ctx("checkpoint symlink", || p(to).display().to_string())?;
+                let to = &plan.path(*to);
+                if !exists(s, to)? {
+                    s.symlink(OsStr::from_bytes(target), to).ctx("checkpoint symlink", || to.display().to_string())?;
                 }
             }
             Place::Special { to, kind, rdev } => {
-                if !exists(s, p(to))? {
-                    s.mknod(p(to), *kind, 0o600, *rdev).ctx("checkpoint mknod", || p(to).display().to_string())?;
+                let to = &plan.path(*to);
+                if !exists(s, to)? {
+                    s.mknod(to, *kind, 0o600, *rdev).ctx("checkpoint mknod", || to.display().to_string())?;
                 }
             }
             Place::Link { existing, to } => {
-                let what = || p(to).display().to_string();
+                let (existing, to) = (&plan.path(*existing), &plan.path(*to));
+                let what = || to.display().to_string();
                 // A link left by a crashed run whose first name was lost
                 // (and made again, a new object): it names the old inode.
-                let stale = match s.lstat(p(to)) {
-                    Ok(m) => m.ino != s.lstat(p(existing)).ctx("checkpoint link", what)?.ino,
+                let stale = match s.lstat(to) {
+                    Ok(m) => m.ino != s.lstat(existing).ctx("checkpoint link", what)?.ino,
                     Err(e) if is_missing(&e) => true,
                     Err(e) => return Err(Error::io("checkpoint link", what(), e)),
                 };
                 if stale {
-                    if exists(s, p(to))? {
-                        s.unlink(p(to)).ctx("checkpoint link", what)?;
+                    if exists(s, to)? {
+                        s.unlink(to).ctx("checkpoint link", what)?;
                     }
-                    s.link(p(existing), p(to)).ctx("checkpoint link", what)?;
+                    s.link(existing, to).ctx("checkpoint link", what)?;
                 }
             }
         }
@@ -238,14 +247,15 @@ fn replace_file(s: &dyn Storage, data: &Path, to: &Path, size: u64, keep: Option
 /// through stage links (`Some(true)`) or only the others (`Some(false)`).
 /// Any order is fine: every op writes a final state.
 pub(super) fn contents(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile, stage: Option<bool>) -> Result<()> {
-    let chosen = |path: &[u8]| stage.is_none_or(|want| in_stage(path) == want);
+    let in_stage = in_stage(plan);
+    let chosen = |path: PathRef| stage.is_none_or(|want| in_stage(path) == want);
     // A staged object's stage link is gone once phase 4 ran: on replay
     // there is nothing left to write through it.
-    let gone_stage = |path: &Path| -> Result<bool> { Ok(in_stage(path.as_os_str().as_bytes()) && !exists(s, path)?) };
+    let gone_stage = |r: PathRef, path: &Path| -> Result<bool> { Ok(in_stage(r) && !exists(s, path)?) };
     let mut buf = Vec::new();
-    for op in plan.data.iter().filter(|op| chosen(&op.path)) {
-        let path = p(&op.path);
-        if gone_stage(path)? {
+    for op in plan.data.iter().filter(|op| chosen(op.path)) {
+        let path = &plan.path(op.path);
+        if gone_stage(op.path, path)? {
             continue;
         }
         let what = || path.display().to_string();
@@ -278,9 +288,9 @@ pub(super) fn contents(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile, s
         }
         s.set_len(path, op.size).ctx("checkpoint set size", what)?;
     }
-    for op in plan.attrs.iter().filter(|op| chosen(&op.path)) {
-        let path = p(&op.path);
-        if gone_stage(path)? {
+    for op in plan.attrs.iter().filter(|op| chosen(op.path)) {
+        let path = &plan.path(op.path);
+        if gone_stage(op.path, path)? {
             continue;
         }
         let what = || path.display().to_string();
@@ -313,7 +323,8 @@ pub(super) fn contents(s: &dyn Storage, plan: &Plan, journal: &dyn StoredFile, s
 /// Contents written through a stage link must be durable before phase 4
 /// removes that link: replay cannot write through it again.
 pub(super) fn sync_stage_writes(s: &dyn Storage, plan: &Plan) -> Result<()> {
-    if plan.data.iter().map(|d| &d.path).chain(plan.attrs.iter().map(|a| &a.path)).any(|x| in_stage(x)) {
+    let in_stage = in_stage(plan);
+    if plan.data.iter().map(|d| d.path).chain(plan.attrs.iter().map(|a| a.path)).any(in_stage) {
         s.sync_all().ctx("checkpoint sync", || "phase 3".into())?;
     }
     Ok(())
@@ -322,7 +333,7 @@ pub(super) fn sync_stage_writes(s: &dyn Storage, plan: &Plan) -> Result<()> {
 /// Phase 4, then everything the plan wrote becomes durable.
 pub(super) fn delete_and_sync(s: &dyn Storage, plan: &Plan) -> Result<()> {
     for dead in &plan.dead {
-        remove_tree(s, p(dead))?;
+        remove_tree(s, &plan.path(*dead))?;
     }
     s.sync_all().ctx("checkpoint sync", || "phases 2-4".into())?;
     Ok(())

@@ -48,6 +48,8 @@
 //! ## Rooms
 //! * `plan.rs`: the [`Plan`](plan::Plan), built from the committed delta, persisted
 //!   before phase 1 and loaded by recovery (J1, J5).
+//! * `paths.rs`: the table of the paths a plan names, each as its parent's
+//!   entry and its last name (a tree's depth costs no more than its names).
 //! * `execute.rs`: the phases and the switch to the next journal, on the
 //!   storage and the plan alone: recovery runs the same code.
 //! * `run.rs`: a checkpoint inside a live engine: what holds the lock, and
@@ -57,6 +59,7 @@
 //! the engine facade. The facade (`txn/mod.rs`) and recovery call it.
 
 mod execute;
+pub(crate) mod paths;
 pub(crate) mod plan;
 mod run;
 

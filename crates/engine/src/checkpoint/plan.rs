@@ -14,7 +14,8 @@
 //! `checkpoint_of_a_file_linked_elsewhere_killed_at_every_step`),
 //! `tests/shadow.rs` (`a_replacing_checkpoint_killed_at_every_step`).
 
-use crate::codec::{encode, fields, Codec, DecodeError, Reader};
+use super::paths::{PathRef, Paths};
+use crate::codec::{fields, Codec, DecodeError, Reader};
 use crate::error::{Error, IoContext, Result};
 use crate::ids::{DataFileId, Epoch, ObjId, Seq};
 use crate::log::files::{data_path, META_DIR, SPARES_MAX};
@@ -26,31 +27,34 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
+/// A plan's steps name paths as `P`: a [`PathRef`] into the plan's
+/// [`Paths`] (today's plans), or the whole path's bytes (the first
+/// format, which recovery still reads: [`decode_plan`]).
 #[derive(Clone, Debug)]
-pub enum MoveOut {
-    Stage { from: Vec<u8>, stage: Vec<u8> },
-    Unlink { from: Vec<u8> },
+pub enum MoveOut<P = PathRef> {
+    Stage { from: P, stage: P },
+    Unlink { from: P },
 }
 
 #[derive(Clone, Debug)]
-pub enum Place {
+pub enum Place<P = PathRef> {
     Rename {
-        stage: Vec<u8>,
-        to: Vec<u8>,
+        stage: P,
+        to: P,
     },
     File {
-        to: Vec<u8>,
+        to: P,
     },
     Dir {
-        to: Vec<u8>,
+        to: P,
     },
     Symlink {
-        to: Vec<u8>,
+        to: P,
         target: Vec<u8>,
     },
     Link {
-        existing: Vec<u8>,
-        to: Vec<u8>,
+        existing: P,
+        to: P,
     },
     /// An existing file whose committed content is all of a data file (its
     /// shadow, which [`build`] gave the file's owner, mode, xattrs and
@@ -58,24 +62,24 @@ pub enum Place {
     /// With `keep`, the old inode is linked there first and stays as a
     /// spare data file.
     Replace {
-        data: Vec<u8>,
-        to: Vec<u8>,
+        data: P,
+        to: P,
         size: u64,
-        keep: Option<Vec<u8>>,
+        keep: Option<P>,
     },
     /// A new fifo, socket or device ([`FileKind::is_special`]), made with
     /// `mknod` (mode 0600 until phase 3 sets the object's own); `rdev` is
     /// a device's number, 0 for the others.
     Special {
-        to: Vec<u8>,
+        to: P,
         kind: FileKind,
         rdev: u64,
     },
 }
 
 #[derive(Clone, Debug)]
-pub struct DataOp {
-    pub path: Vec<u8>,
+pub struct DataOp<P = PathRef> {
+    pub path: P,
     pub cut: u64,
     pub size: u64,
     /// (file offset, length, offset in the epoch's journal)
@@ -85,8 +89,8 @@ pub struct DataOp {
 }
 
 #[derive(Clone, Debug)]
-pub struct AttrOp {
-    pub path: Vec<u8>,
+pub struct AttrOp<P = PathRef> {
+    pub path: P,
     pub is_symlink: bool,
     pub mode: Option<u32>,
     pub owner: Option<(Option<u32>, Option<u32>)>,
@@ -99,19 +103,20 @@ pub struct Plan {
     pub epoch: Epoch,
     /// Seq of the last commit the plan covers (header of the next journal).
     pub last_seq: Seq,
+    /// Every path the steps name.
+    pub paths: Paths,
     pub out: Vec<MoveOut>,
     pub place: Vec<Place>,
     pub data: Vec<DataOp>,
     pub attrs: Vec<AttrOp>,
-    pub dead: Vec<Vec<u8>>,
+    pub dead: Vec<PathRef>,
 }
 
-pub(super) fn p(b: &[u8]) -> &Path {
-    Path::new(OsStr::from_bytes(b))
-}
-
-pub(super) fn bytes(p: &Path) -> Vec<u8> {
-    p.as_os_str().as_bytes().to_vec()
+impl Plan {
+    /// A path of the plan, made for one storage call.
+    pub fn path(&self, r: PathRef) -> PathBuf {
+        self.paths.path(r)
+    }
 }
 
 pub fn plan_path(e: Epoch) -> PathBuf {
@@ -128,6 +133,104 @@ fn stage_path(o: ObjId) -> PathBuf {
 
 fn orphan_name(o: ObjId) -> OsString {
     OsString::from(format!("{}", o.0))
+}
+
+/// Where objects are in the backing tree now (`base`) and after the plan
+/// (`final`), as entries of the plan's paths: each object's path is found
+/// once, from its parent's (a walk per object made a deep tree cost the
+/// square of its depth).
+struct Namer<'a> {
+    final_locs: &'a HashMap<ObjId, Vec<(ObjId, OsString)>>,
+    keep_at: &'a HashMap<ObjId, BaseLoc>,
+    moved_out: &'a HashSet<ObjId>,
+    created: &'a HashMap<ObjId, crate::delta::NewObj>,
+    paths: Paths,
+    finals: HashMap<ObjId, Option<PathRef>>,
+    bases: HashMap<ObjId, Option<PathRef>>,
+}
+
+impl Namer<'_> {
+    /// The path of a live object after the plan: its first new name,
+    /// else its unchanged base name. `None`: it ends up nowhere.
+    fn final_of(&mut self, st: &State, o: ObjId) -> Option<PathRef> {
+        let step = |cur: ObjId| -> Option<(ObjId, OsString)> {
+            match self.final_locs.get(&cur).and_then(|v| v.first()) {
+                Some((pp, n)) => Some((*pp, n.clone())),
+                None => match self.keep_at.get(&cur) {
+                    Some(l) => Some((l.parent, l.name.clone())),
+                    None if self.moved_out.contains(&cur) || self.created.contains_key(&cur) => None,
+                    None => st.node(cur)?.base.clone().map(|b| (b.parent, b.name)),
+                },
+            }
+        };
+        let mut chain = Vec::new();
+        let top = walk(o, &self.finals, step, &mut chain);
+        Self::fill(&mut self.paths, &mut self.finals, top, chain)
+    }
+
+    /// The path of an object in the backing tree (J1: unchanged between
+    /// checkpoints), as `State::base_path`.
+    fn base_of(&mut self, st: &State, o: ObjId) -> Option<PathRef> {
+        let step = |cur: ObjId| st.node(cur)?.base.clone().map(|b| (b.parent, b.name));
+        let mut chain = Vec::new();
+        let top = walk(o, &self.bases, step, &mut chain);
+        Self::fill(&mut self.paths, &mut self.bases, top, chain)
+    }
+
+    /// Names the objects of `chain` (innermost first) from `top`, the
+    /// path of the outermost one's parent.
+    fn fill(
+        paths: &mut Paths,
+        known: &mut HashMap<ObjId, Option<PathRef>>,
+        top: Option<PathRef>,
+        chain: Vec<(ObjId, OsString)>,
+    ) -> Option<PathRef> {
+        let mut r = top;
+        for (obj, name) in chain.into_iter().rev() {
+            r = r.map(|pr| paths.join(pr, name.as_bytes()));
+            known.insert(obj, r);
+        }
+        r
+    }
+
+    fn join(&mut self, dir: PathRef, name: &OsStr) -> PathRef {
+        self.paths.join(dir, name.as_bytes())
+    }
+
+    /// A path of the metadata directory (a stage, data file or orphan).
+    fn meta(&mut self, path: &Path) -> PathRef {
+        self.paths.intern(path).expect("metadata paths are relative")
+    }
+}
+
+/// Walks up from `o` through `step` (an object's parent and name) until
+/// the root or an object already in `known`, pushing the objects passed on
+/// `chain`; returns the path where the walk stopped. A cycle, or an object
+/// `step` does not place, ends it with `None`.
+fn walk(
+    o: ObjId,
+    known: &HashMap<ObjId, Option<PathRef>>,
+    step: impl Fn(ObjId) -> Option<(ObjId, OsString)>,
+    chain: &mut Vec<(ObjId, OsString)>,
+) -> Option<PathRef> {
+    let mut seen = HashSet::new();
+    let mut cur = o;
+    loop {
+        if cur == ObjId::ROOT {
+            return Some(PathRef::ROOT);
+        }
+        if let Some(r) = known.get(&cur) {
+            return *r;
+        }
+        // Only a cycle ends the walk unfinished: trees may be deeper than
+        // PATH_MAX (4096 levels here made a deeper tree's checkpoint fail).
+        if !seen.insert(cur) {
+            return None;
+        }
+        let (parent, name) = step(cur)?;
+        chain.push((cur, name));
+        cur = parent;
+    }
 }
 
 /// Computes the plan for the committed delta.
@@ -180,42 +283,19 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             }
         }
     }
-    // Final path of a live object: first new name, else unchanged base name.
-    let final_path = |st: &State, o: ObjId| -> Option<PathBuf> {
-        let mut parts = Vec::new();
-        let mut cur = o;
-        // Only a cycle ends the walk unfinished: trees may be deeper than
-        // PATH_MAX (4096 levels here made a deeper tree's checkpoint fail).
-        for _ in 0..=crate::txn::state::MAX_DEPTH {
-            if cur == ObjId::ROOT {
-                let mut pb = PathBuf::new();
-                for s in parts.iter().rev() {
-                    pb.push(s);
-                }
-                return Some(pb);
-            }
-            let (parent, name) = match final_locs.get(&cur).and_then(|v| v.first()) {
-                Some((pp, n)) => (*pp, n.clone()),
-                None if keep_at.contains_key(&cur) => {
-                    let l = &keep_at[&cur];
-                    (l.parent, l.name.clone())
-                }
-                None => {
-                    if moved_out.contains(&cur) || d.created.contains_key(&cur) {
-                        return None;
-                    }
-                    let b = st.node(cur)?.base.clone()?;
-                    (b.parent, b.name)
-                }
-            };
-            parts.push(name);
-            cur = parent;
-        }
-        None
+    let mut names = Namer {
+        final_locs: &final_locs,
+        keep_at: &keep_at,
+        moved_out: &moved_out,
+        created: &d.created,
+        paths: Paths::default(),
+        finals: HashMap::new(),
+        bases: HashMap::new(),
     };
     let mut plan = Plan {
         epoch: st.journal().epoch,
         last_seq: st.seq(),
+        paths: Paths::default(),
         out: Vec::new(),
         place: Vec::new(),
         data: Vec::new(),
@@ -245,21 +325,23 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
     let mut outs: Vec<(usize, MoveOut)> = Vec::new();
     for (dir, name, before, _) in &changes {
         let Some(b) = before else { continue };
-        let from = st.base_path(*dir).ok_or(Error::Stale(*dir))?.join(name);
-        let depth = from.components().count();
+        let dir_ref = names.base_of(st, *dir).ok_or(Error::Stale(*dir))?;
+        let from = names.join(dir_ref, name);
+        let depth = names.paths.depth(from);
         let node = st.node(*b).ok_or(Error::Stale(*b))?;
         let placed = final_locs.contains_key(b);
         let open = node.open > 0;
         if keep_at.contains_key(b) {
             // Still linked under a name that does not change: drop this one.
-            outs.push((depth, MoveOut::Unlink { from: bytes(&from) }));
+            outs.push((depth, MoveOut::Unlink { from }));
             continue;
         }
         // A file still linked under a name the engine never looked up.
         let linked_elsewhere =
             node.kind != FileKind::Dir && st.attr_unrecorded(None, *b).map(|a| a.nlink).unwrap_or(0) > 0;
         if staged.insert(*b) {
-            outs.push((depth, MoveOut::Stage { from: bytes(&from), stage: bytes(&stage_path(*b)) }));
+            let stage = names.meta(&stage_path(*b));
+            outs.push((depth, MoveOut::Stage { from, stage }));
             if !placed {
                 if open {
                     orphan.push(*b);
@@ -267,12 +349,12 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
                     if linked_elsewhere {
                         via_stage.insert(*b);
                     }
-                    plan.dead.push(bytes(&stage_path(*b)));
+                    plan.dead.push(stage);
                     upd.gone.push(*b);
                 }
             }
         } else {
-            outs.push((depth, MoveOut::Unlink { from: bytes(&from) }));
+            outs.push((depth, MoveOut::Unlink { from }));
         }
     }
     outs.sort_by_key(|o| std::cmp::Reverse(o.0));
@@ -326,7 +408,7 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
     // Existing files whose committed content is all of their shadow: the
     // shadow replaces them. Only files that keep their one name (a second
     // link would keep the old inode's content).
-    let mut replace: HashMap<ObjId, (DataFileId, u64, PathBuf, u64)> = HashMap::new();
+    let mut replace: HashMap<ObjId, (DataFileId, u64, PathRef, u64)> = HashMap::new();
     for (o, od) in &d.objs {
         if d.created.contains_key(o) || staged.contains(o) || final_locs.contains_key(o) {
             continue;
@@ -335,7 +417,7 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         if users.get(&id) != Some(&1) {
             continue;
         }
-        let (Some(bp), Some(to)) = (st.base_path(*o), final_path(st, *o)) else { continue };
+        let (Some(bp), Some(to)) = (st.base_path(*o), names.final_of(st, *o)) else { continue };
         let m = st.storage().lstat(&bp).ctx("checkpoint stat", || bp.display().to_string())?;
         let size = od.file.as_ref().map_or(0, |f| f.size_after(m.size));
         if m.kind == FileKind::File && m.nlink == 1 && end >= size && st.storage().privileged() {
@@ -348,10 +430,10 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             }
         }
     }
-    let place_new = |o: ObjId, to: &Path| -> Place {
+    let place_new = |names: &mut Namer, o: ObjId, to: PathRef| -> Place {
         match in_place.get(&o) {
-            Some(id) => Place::Rename { stage: bytes(&data_path(*id)), to: bytes(to) },
-            None => Place::File { to: bytes(to) },
+            Some(id) => Place::Rename { stage: names.meta(&data_path(*id)), to },
+            None => Place::File { to },
         }
     };
     // Phase 2.
@@ -365,45 +447,49 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
         let first = if keeps_base_name {
             // Unchanged base name, gaining links: links are made from it.
             let b = st.node(*o).and_then(|n| n.base.clone()).ok_or(Error::Stale(*o))?;
-            final_path(st, b.parent).ok_or(Error::Stale(b.parent))?.join(&b.name)
+            let dir = names.final_of(st, b.parent).ok_or(Error::Stale(b.parent))?;
+            names.join(dir, &b.name)
         } else {
-            final_path(st, *o).ok_or(Error::Stale(*o))?
+            names.final_of(st, *o).ok_or(Error::Stale(*o))?
         };
-        let depth = first.components().count();
+        let depth = names.paths.depth(first);
         if let Some(n) = d.created.get(o) {
             let pl = match n.kind {
-                FileKind::Dir => Place::Dir { to: bytes(&first) },
+                FileKind::Dir => Place::Dir { to: first },
                 FileKind::Symlink => {
-                    Place::Symlink { to: bytes(&first), target: n.target.clone().unwrap_or_default().into_vec() }
+                    Place::Symlink { to: first, target: n.target.clone().unwrap_or_default().into_vec() }
                 }
-                k if k.is_special() => Place::Special { to: bytes(&first), kind: k, rdev: n.rdev },
-                _ => place_new(*o, &first),
+                k if k.is_special() => Place::Special { to: first, kind: k, rdev: n.rdev },
+                _ => place_new(&mut names, *o, first),
             };
             firsts.push((depth, pl));
             upd.new_inos.push(*o);
         } else if staged.contains(o) {
-            firsts.push((depth, Place::Rename { stage: bytes(&stage_path(*o)), to: bytes(&first) }));
+            firsts.push((depth, Place::Rename { stage: names.meta(&stage_path(*o)), to: first }));
         }
         if !keeps_base_name {
             upd.moved.push((*o, BaseLoc { parent: locs[0].0, name: locs[0].1.clone() }));
         }
         for (dir, name) in locs.iter() {
-            let to = final_path(st, *dir).ok_or(Error::Stale(*dir))?.join(name);
+            let dir_ref = names.final_of(st, *dir).ok_or(Error::Stale(*dir))?;
+            let to = names.join(dir_ref, name);
             if to != first {
-                links.push((to.components().count(), Place::Link { existing: bytes(&first), to: bytes(&to) }));
+                links.push((names.paths.depth(to), Place::Link { existing: first, to }));
             }
         }
     }
     firsts.sort_by_key(|(dpt, _)| *dpt);
     links.sort_by_key(|(dpt, _)| *dpt);
     plan.place = firsts.into_iter().chain(links).map(|(_, pl)| pl).collect();
+    let orphans_dir = Path::new(META_DIR).join("orphans");
     for o in &orphan {
-        let to = Path::new(META_DIR).join("orphans").join(orphan_name(*o));
+        let to = names.meta(&orphans_dir.join(orphan_name(*o)));
         if d.created.contains_key(o) {
-            plan.place.push(place_new(*o, &to));
+            let pl = place_new(&mut names, *o, to);
+            plan.place.push(pl);
             upd.new_inos.push(*o);
         } else {
-            plan.place.push(Place::Rename { stage: bytes(&stage_path(*o)), to: bytes(&to) });
+            plan.place.push(Place::Rename { stage: names.meta(&stage_path(*o)), to });
         }
         upd.moved.push((*o, BaseLoc { parent: ORPHANS_OBJ, name: orphan_name(*o) }));
     }
@@ -420,9 +506,9 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             kept += old;
             let k = st.new_data_id();
             upd.spares.push(k);
-            bytes(&data_path(k))
+            names.meta(&data_path(k))
         });
-        plan.place.push(Place::Replace { data: bytes(&data_path(*id)), to: bytes(to), size: *size, keep });
+        plan.place.push(Place::Replace { data: names.meta(&data_path(*id)), to: *to, size: *size, keep });
     }
     // Phase 3.
     let orphan_set: HashSet<ObjId> = orphan.iter().copied().collect();
@@ -430,11 +516,11 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
     touched.sort_by_key(|(o, _)| **o);
     for (o, od) in touched {
         let path = if orphan_set.contains(o) {
-            Path::new(META_DIR).join("orphans").join(orphan_name(*o))
+            names.meta(&orphans_dir.join(orphan_name(*o)))
         } else if via_stage.contains(o) {
-            stage_path(*o)
+            names.meta(&stage_path(*o))
         } else {
-            match final_path(st, *o) {
+            match names.final_of(st, *o) {
                 Some(pth) => pth,
                 None => continue,
             }
@@ -461,11 +547,11 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
                     }
                 }
             }
-            plan.data.push(DataOp { path: bytes(&path), cut: f.cut, size: f.size_after(base), extents, files });
+            plan.data.push(DataOp { path, cut: f.cut, size: f.size_after(base), extents, files });
         }
         let a = &od.attr;
         let op = AttrOp {
-            path: bytes(&path),
+            path,
             is_symlink: kind == FileKind::Symlink,
             mode: a.mode,
             owner: (a.uid.is_some() || a.gid.is_some()).then_some((a.uid, a.gid)),
@@ -476,6 +562,7 @@ pub(super) fn build(st: &mut State) -> Result<(Plan, NodeUpdates)> {
             plan.attrs.push(op);
         }
     }
+    plan.paths = names.paths;
     upd.changed_locs = changed_locs;
     upd.in_place = in_place.into_keys().chain(replace.keys().copied()).collect();
     upd.replaced = replace.into_keys().collect();
@@ -558,19 +645,164 @@ pub fn load(s: &dyn Storage, path: &Path) -> Result<Plan> {
 }
 
 // The byte encoding of the plan (the table in `codec`).
+//
+// The first format has no version: its body starts with the epoch, and
+// its steps name whole paths. Today's body starts with `PLAN_V2` (as an
+// epoch, a number no backing reaches), then the epoch, the last seq, the
+// path table (`paths.rs`), and the steps naming paths by their index.
+
+/// The first 8 bytes of a body of the second format.
+const PLAN_V2: [u8; 8] = *b"txfsPl2\0";
+
+/// A plan of the first format, as it was encoded.
+#[derive(Clone, Debug)]
+pub(crate) struct PlanV1 {
+    pub epoch: Epoch,
+    pub last_seq: Seq,
+    pub out: Vec<MoveOut<Vec<u8>>>,
+    pub place: Vec<Place<Vec<u8>>>,
+    pub data: Vec<DataOp<Vec<u8>>>,
+    pub attrs: Vec<AttrOp<Vec<u8>>>,
+    pub dead: Vec<Vec<u8>>,
+}
 
 /// A plan's body (the plan file adds its checksum and length).
 pub(crate) fn encode_plan(plan: &Plan) -> Vec<u8> {
-    encode(plan)
+    let mut out = PLAN_V2.to_vec();
+    plan.epoch.put(&mut out);
+    plan.last_seq.put(&mut out);
+    plan.paths.put(&mut out);
+    plan.out.put(&mut out);
+    plan.place.put(&mut out);
+    plan.data.put(&mut out);
+    plan.attrs.put(&mut out);
+    plan.dead.put(&mut out);
+    out
 }
 
-/// A plan from its body; `None` if the bytes are not a whole plan (bytes
-/// after one are ignored).
+/// A plan from its body, of either format; `None` if the bytes are not a
+/// whole plan (bytes after one are ignored), or name a path its table
+/// does not have.
 pub(crate) fn decode_plan(body: &[u8]) -> Option<Plan> {
-    Plan::get(&mut Reader::new(body)).ok()
+    let Some(rest) = body.strip_prefix(&PLAN_V2) else {
+        return PlanV1::get(&mut Reader::new(body)).ok()?.interned();
+    };
+    let r = &mut Reader::new(rest);
+    let epoch = Epoch::get(r).ok()?;
+    let last_seq = Seq::get(r).ok()?;
+    let paths = Paths::get(r).ok()??;
+    let plan = Plan {
+        epoch,
+        last_seq,
+        out: Codec::get(r).ok()?,
+        place: Codec::get(r).ok()?,
+        data: Codec::get(r).ok()?,
+        attrs: Codec::get(r).ok()?,
+        dead: Codec::get(r).ok()?,
+        paths,
+    };
+    let mut ok = true;
+    plan.each_path(&mut |p| ok &= plan.paths.holds(p));
+    ok.then_some(plan)
 }
 
-impl Codec for MoveOut {
+impl PlanV1 {
+    /// The same plan, its paths in a table; `None` if one is not a
+    /// relative path.
+    fn interned(self) -> Option<Plan> {
+        let mut paths = Paths::default();
+        let mut bad = false;
+        let mut f = |b: Vec<u8>| {
+            paths.intern(Path::new(OsStr::from_bytes(&b))).unwrap_or_else(|| {
+                bad = true;
+                PathRef::ROOT
+            })
+        };
+        let plan = Plan {
+            epoch: self.epoch,
+            last_seq: self.last_seq,
+            out: self.out.into_iter().map(|m| m.map(&mut f)).collect(),
+            place: self.place.into_iter().map(|m| m.map(&mut f)).collect(),
+            data: self.data.into_iter().map(|m| m.map(&mut f)).collect(),
+            attrs: self.attrs.into_iter().map(|m| m.map(&mut f)).collect(),
+            dead: self.dead.into_iter().map(&mut f).collect(),
+            paths: Paths::default(),
+        };
+        (!bad).then_some(Plan { paths, ..plan })
+    }
+}
+
+impl Plan {
+    /// The plan in the first format (whole paths), as the tests compare.
+    #[cfg(test)]
+    pub(crate) fn to_v1(&self) -> PlanV1 {
+        let mut f = |r: PathRef| self.path(r).into_os_string().into_vec();
+        PlanV1 {
+            epoch: self.epoch,
+            last_seq: self.last_seq,
+            out: self.out.iter().cloned().map(|m| m.map(&mut f)).collect(),
+            place: self.place.iter().cloned().map(|m| m.map(&mut f)).collect(),
+            data: self.data.iter().cloned().map(|m| m.map(&mut f)).collect(),
+            attrs: self.attrs.iter().cloned().map(|m| m.map(&mut f)).collect(),
+            dead: self.dead.iter().map(|r| f(*r)).collect(),
+        }
+    }
+
+    /// Every path a step names.
+    fn each_path(&self, f: &mut impl FnMut(PathRef)) {
+        let mut g = |p: PathRef| f(p);
+        for m in &self.out {
+            m.clone().map(&mut g);
+        }
+        for m in &self.place {
+            m.clone().map(&mut g);
+        }
+        self.data.iter().for_each(|m| g(m.path));
+        self.attrs.iter().for_each(|m| g(m.path));
+        self.dead.iter().for_each(|m| g(*m));
+    }
+}
+
+impl<P> MoveOut<P> {
+    fn map<Q>(self, f: &mut impl FnMut(P) -> Q) -> MoveOut<Q> {
+        match self {
+            MoveOut::Stage { from, stage } => MoveOut::Stage { from: f(from), stage: f(stage) },
+            MoveOut::Unlink { from } => MoveOut::Unlink { from: f(from) },
+        }
+    }
+}
+
+impl<P> Place<P> {
+    fn map<Q>(self, f: &mut impl FnMut(P) -> Q) -> Place<Q> {
+        match self {
+            Place::Rename { stage, to } => Place::Rename { stage: f(stage), to: f(to) },
+            Place::File { to } => Place::File { to: f(to) },
+            Place::Dir { to } => Place::Dir { to: f(to) },
+            Place::Symlink { to, target } => Place::Symlink { to: f(to), target },
+            Place::Link { existing, to } => Place::Link { existing: f(existing), to: f(to) },
+            Place::Replace { data, to, size, keep } => {
+                Place::Replace { data: f(data), to: f(to), size, keep: keep.map(&mut *f) }
+            }
+            Place::Special { to, kind, rdev } => Place::Special { to: f(to), kind, rdev },
+        }
+    }
+}
+
+impl<P> DataOp<P> {
+    fn map<Q>(self, f: &mut impl FnMut(P) -> Q) -> DataOp<Q> {
+        let DataOp { path, cut, size, extents, files } = self;
+        DataOp { path: f(path), cut, size, extents, files }
+    }
+}
+
+impl<P> AttrOp<P> {
+    fn map<Q>(self, f: &mut impl FnMut(P) -> Q) -> AttrOp<Q> {
+        let AttrOp { path, is_symlink, mode, owner, times, xattrs } = self;
+        AttrOp { path: f(path), is_symlink, mode, owner, times, xattrs }
+    }
+}
+
+impl<P: Codec> Codec for MoveOut<P> {
     fn put(&self, out: &mut Vec<u8>) {
         match self {
             MoveOut::Stage { from, stage } => {
@@ -592,7 +824,7 @@ impl Codec for MoveOut {
     }
 }
 
-impl Codec for Place {
+impl<P: Codec> Codec for Place<P> {
     fn put(&self, out: &mut Vec<u8>) {
         match self {
             Place::Rename { stage, to } => {
@@ -648,6 +880,6 @@ impl Codec for Place {
     }
 }
 
-fields!(DataOp { path, cut, size, extents, files });
-fields!(AttrOp { path, is_symlink, mode, owner, times, xattrs });
-fields!(Plan { epoch, last_seq, out, place, data, attrs, dead });
+fields!(DataOp<P> { path, cut, size, extents, files });
+fields!(AttrOp<P> { path, is_symlink, mode, owner, times, xattrs });
+fields!(PlanV1 { epoch, last_seq, out, place, data, attrs, dead });

@@ -4,10 +4,15 @@
 //!
 //! A record names objects by [`ObjRef`]: an object of the backing tree by
 //! its path there, which is stable until the next checkpoint (J1), and an
-//! object created since the last checkpoint by its id in this epoch. Record
-//! version 1 is the encoded [`CommitRecord`] alone; version 2 follows it
-//! with the [`FileRef`]s of extents whose bytes are in data files
-//! (selective data journaling, DESIGN §2a). The bytes are the on-disk
+//! object created since the last checkpoint by its id in this epoch. The
+//! path is an entry of the record's own table of `(parent entry, name)`
+//! ([`CommitRecord::paths`]), so that a deep tree costs a record its
+//! names, not the square of its depth (whole paths, `ObjRef::Base`, made
+//! a chmod of 1500 nested directories of long names a 577 MB record:
+//! issue 23; they are still read). Record version 1 is the encoded
+//! [`CommitRecord`] alone; version 2 follows it with the [`FileRef`]s of
+//! extents whose bytes are in data files (selective data journaling,
+//! DESIGN §2a), their checksums, and the path table. The bytes are the on-disk
 //! format: a journal written by any earlier build must still decode
 //! (`tests/crash.rs` and `tests/journal_recycle.rs` replay journals written
 //! by this build; the encoding itself is pinned by the record layout in
@@ -32,7 +37,13 @@ pub enum ObjRef {
     Base(Vec<u8>),
     /// An object created since the last checkpoint, by its id in this epoch.
     New(u64),
+    /// An object of the backing tree as of the last checkpoint, by its
+    /// entry in [`CommitRecord::paths`].
+    Path(u32),
 }
+
+/// No parent entry: a name in the root directory.
+pub const PATH_ROOT: u32 = u32::MAX;
 
 #[derive(Clone, Debug, Default)]
 pub struct RecAttr {
@@ -105,6 +116,12 @@ pub struct CommitRecord {
     /// reader ignores bytes after the meta it knows, so the record keeps
     /// its version and an older binary still reads it whole.
     pub crcs: Vec<u32>,
+    /// The paths that [`ObjRef::Path`] names: `(parent, name)`, the parent
+    /// an earlier entry or [`PATH_ROOT`]. Encoded after `crcs` (which are
+    /// then always encoded), in version 2; a binary older than the table
+    /// refuses such a record's refs (an unknown variant: `Corrupt`, nothing
+    /// changed) instead of cutting it as a torn tail.
+    pub paths: Vec<(u32, Vec<u8>)>,
 }
 
 impl CommitRecord {
@@ -113,14 +130,50 @@ impl CommitRecord {
     pub fn encode(&self) -> std::result::Result<(Vec<u8>, u16), std::convert::Infallible> {
         let mut meta = Vec::new();
         self.put(&mut meta);
-        if self.files.is_empty() {
+        if self.files.is_empty() && self.paths.is_empty() {
             return Ok((meta, REC_VERSION));
         }
         self.files.put(&mut meta);
-        if !self.crcs.is_empty() {
+        if !self.crcs.is_empty() || !self.paths.is_empty() {
             self.crcs.put(&mut meta);
         }
+        if !self.paths.is_empty() {
+            self.paths.put(&mut meta);
+        }
         Ok((meta, REC_VERSION_FILES))
+    }
+
+    /// The objects the record names, each time it names one.
+    pub fn refs(&self) -> impl Iterator<Item = &ObjRef> {
+        let dirs = self.dirs.iter().flat_map(|d| std::iter::once(&d.dir).chain(d.entries.iter().flat_map(|e| &e.1)));
+        dirs.chain(self.objs.iter().map(|o| &o.obj))
+    }
+
+    /// The whole path of entry `i` of [`CommitRecord::paths`] (which
+    /// `decode` checked).
+    pub fn path_of(&self, i: u32) -> Vec<u8> {
+        let mut names = Vec::new();
+        let mut cur = i;
+        while cur != PATH_ROOT {
+            let (parent, name) = &self.paths[cur as usize];
+            names.push(&name[..]);
+            cur = *parent;
+        }
+        names.reverse();
+        names.join(&b'/')
+    }
+
+    /// Whether the path table and the refs into it are whole: every parent
+    /// an earlier entry, every name one component, every ref an entry.
+    fn paths_ok(&self) -> bool {
+        let names_ok = self.paths.iter().enumerate().all(|(i, (parent, name))| {
+            (*parent == PATH_ROOT || (*parent as usize) < i)
+                && !name.is_empty()
+                && name != b"."
+                && name != b".."
+                && !name.contains(&b'/')
+        });
+        names_ok && self.refs().all(|r| !matches!(r, ObjRef::Path(i) if *i as usize >= self.paths.len()))
     }
 
     /// A record from its meta part; bytes after it are ignored.
@@ -135,6 +188,14 @@ impl CommitRecord {
                     return Err(DecodeError::Truncated);
                 }
             }
+            if !r.is_empty() {
+                rec.paths = Codec::get(&mut r)?;
+            }
+        }
+        // A ref into a table the record does not have is not a record (as
+        // the variant was to every binary before the table).
+        if !rec.paths_ok() {
+            return Err(DecodeError::Variant { index: 2, variants: 2 });
         }
         Ok(rec)
     }
@@ -153,12 +214,17 @@ impl Codec for ObjRef {
                 1u32.put(out);
                 id.put(out);
             }
+            ObjRef::Path(i) => {
+                2u32.put(out);
+                i.put(out);
+            }
         }
     }
     fn get(r: &mut Reader<'_>) -> std::result::Result<Self, DecodeError> {
-        Ok(match r.variant(2)? {
+        Ok(match r.variant(3)? {
             0 => ObjRef::Base(Codec::get(r)?),
-            _ => ObjRef::New(Codec::get(r)?),
+            1 => ObjRef::New(Codec::get(r)?),
+            _ => ObjRef::Path(Codec::get(r)?),
         })
     }
 }
@@ -204,6 +270,7 @@ impl Codec for CommitRecord {
             objs: Codec::get(r)?,
             files: Vec::new(),
             crcs: Vec::new(),
+            paths: Vec::new(),
         })
     }
 }

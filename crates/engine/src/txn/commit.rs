@@ -35,7 +35,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
 
-use crate::log::record::{CommitRecord, FileRef, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj};
+use crate::log::record::{CommitRecord, FileRef, ObjRef, RecAttr, RecDir, RecFile, RecNew, RecObj, PATH_ROOT};
 impl Engine {
     /// Commits `tx`. On [`Error::Conflict`] the transaction is gone and
     /// nothing of it survives: retry it from the start.
@@ -460,14 +460,21 @@ fn sync_data_files(s: &dyn Storage, files: &[(DataFileId, Arc<dyn StoredFile>)])
 /// named by the record (`files`, synced by the caller), not copied.
 #[allow(clippy::type_complexity)]
 pub(crate) fn encode(st: &State, d: &Delta) -> Result<(CommitRecord, Vec<(ObjId, u64, u64, DataLoc)>)> {
-    let r = |o: ObjId| -> Result<ObjRef> {
+    // Base objects by entries of the record's path table, each entry
+    // made once, from its parent's.
+    let mut paths: Vec<(u32, Vec<u8>)> = Vec::new();
+    let mut entries: HashMap<ObjId, u32> = HashMap::new();
+    let mut r = |o: ObjId| -> Result<ObjRef> {
         let n = st.nodes.get(&o).ok_or(Error::Stale(o))?;
         if n.gone {
             return Err(Error::Stale(o));
         }
-        if n.base.is_some() && !st.committed.created.contains_key(&o) && !d.created.contains_key(&o) {
-            let p = st.base_path(o).ok_or(Error::Stale(o))?;
-            Ok(ObjRef::Base(p.into_os_string().into_vec()))
+        if o == ObjId::ROOT {
+            // The empty path: no entry (a record of root entries alone
+            // has the bytes of every earlier build).
+            Ok(ObjRef::Base(Vec::new()))
+        } else if n.base.is_some() && !st.committed.created.contains_key(&o) && !d.created.contains_key(&o) {
+            Ok(ObjRef::Path(base_entry(st, o, &mut paths, &mut entries)?))
         } else {
             Ok(ObjRef::New(o.0))
         }
@@ -488,7 +495,7 @@ pub(crate) fn encode(st: &State, d: &Delta) -> Result<(CommitRecord, Vec<(ObjId,
     for (dir, entries) in dirs {
         let mut es = Vec::new();
         for (name, e) in entries {
-            es.push((name.as_bytes().to_vec(), e.map(r).transpose()?));
+            es.push((name.as_bytes().to_vec(), e.map(&mut r).transpose()?));
         }
         rec.dirs.push(RecDir { dir: r(*dir)?, entries: es });
     }
@@ -532,6 +539,34 @@ pub(crate) fn encode(st: &State, d: &Delta) -> Result<(CommitRecord, Vec<(ObjId,
         });
         rec.objs.push(RecObj { obj: r(*o)?, attr, file });
     }
+    rec.paths = paths;
     // Directory parents are implied by the entries that name them.
     Ok((rec, extents))
+}
+
+/// The entry of base object `o` in a record's path table, adding it and
+/// the entries of its parents the table does not have yet.
+fn base_entry(st: &State, o: ObjId, paths: &mut Vec<(u32, Vec<u8>)>, entries: &mut HashMap<ObjId, u32>) -> Result<u32> {
+    let mut chain = Vec::new();
+    let mut cur = o;
+    let mut top = PATH_ROOT;
+    while cur != ObjId::ROOT {
+        if let Some(i) = entries.get(&cur) {
+            top = *i;
+            break;
+        }
+        // Only a cycle gets this far (as `State::base_path`).
+        if chain.len() > crate::txn::state::MAX_DEPTH {
+            return Err(Error::Stale(o));
+        }
+        let loc = st.nodes.get(&cur).and_then(|n| n.base.as_ref()).ok_or(Error::Stale(o))?;
+        chain.push((cur, loc.name.as_bytes()));
+        cur = loc.parent;
+    }
+    for (obj, name) in chain.into_iter().rev() {
+        paths.push((top, name.to_vec()));
+        top = (paths.len() - 1) as u32;
+        entries.insert(obj, top);
+    }
+    Ok(top)
 }
