@@ -16,7 +16,11 @@ children with setresuid:
               200 bytes, 255/256-byte and non-UTF-8 names; in and out of
               transactions
   deep        relative mkdirat chains of 255-byte names past PATH_MAX (in
-              and out of transactions, one renamed), files at the bottom
+              and out of transactions, one renamed), files at the bottom;
+              one of 1500 levels (300 with --quick), every level chmodded in
+              one transaction, the daemon's RSS sampled through the
+              checkpoint after the class (whole paths in plans and records
+              cost the square of the depth: 1.7 GB at 1500 levels)
   names       255/256-byte names, non-UTF-8, newlines, every odd byte,
               4095/4096-byte symlink targets, renames among them in a
               transaction
@@ -679,6 +683,27 @@ def cls_deep(c: Ctx) -> Dict[str, Any]:
                         must_ok=True)
     if got == "ok":
         rec.persist.append({"kind": "file", "path": ["A"] + parts, "data": b"bottom of deep5".hex()})
+    # The deepest a user makes cheaply, of the longest names: plans and
+    # records named objects by whole paths, which cost the square of the
+    # depth (1500 levels: a 290 MB plan, daemon VmHWM 1.7 GB; issue 23).
+    n = 300 if c.quick else 1500
+    got, parts = rec.op(f"{n} levels of 255-byte names, plainly",
+                        lambda: mkchain(base, "deep6", n, comp, b"bottom of deep6"), must_ok=True)
+    if got == "ok":
+        rec.persist.append({"kind": "file", "path": ["A"] + parts, "data": b"bottom of deep6".hex()})
+
+    def chmod_every_level() -> None:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for name in ["deep6"] + [comp] * n:
+                os.chmod(name, 0o700, dir_fd=fd)
+                nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+        finally:
+            os.close(fd)
+    rec.op(f"a chmod of each of its {n + 1} levels in one transaction", in_tx(c.mnt, chmod_every_level),
+           must_ok=True)
     return rec.out()
 
 
@@ -1630,7 +1655,26 @@ class Suite:
                 bad = self.serving(s, f"{name}-idle")
                 if bad:
                     viol.append(f"the mount stopped serving after the idle checkpoint: {bad[:3]}")
-            ck_ok, ck_msg = self.force_checkpoint(s)
+            # The daemon's RSS through the checkpoint too (it holds the
+            # class's plan): a deep tree's cost shows there.
+            sampling = threading.Event()
+
+            def sample() -> None:
+                while not sampling.wait(0.05):
+                    tick()
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            try:
+                ck_ok, ck_msg = self.force_checkpoint(s)
+            finally:
+                sampling.set()
+                sampler.join()
+            tick()
+        if name == "deep":
+            mib = rss_peak[0] // 1024
+            rec.notes.append(f"daemon RSS peak {mib} MiB through the class and its checkpoint (issue 23: < 256 MiB)")
+            if mib >= 256:
+                viol.append(f"the daemon's RSS reached {mib} MiB (issue 23: < 256 MiB whatever users do)")
         bad2 = self.serving(s, f"{name}-2")
         serving = not bad and not bad2
         if bad2:

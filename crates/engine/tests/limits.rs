@@ -694,3 +694,102 @@ fn a_checkpoint_whose_retirement_failed_is_only_retired_again() {
     let f = e.resolve(None, Path::new("f")).unwrap();
     assert_eq!(e.read(None, f, 0, 64).unwrap(), b"new contents");
 }
+
+/// A MemFs with a fixed number of free inodes (as ext4 has) and, while
+/// `mkdir_fails` is above 0, that many `mkdir`s in the backing tree
+/// failing with EIO (a disk that hiccups under phase 2).
+struct FewInodes {
+    inner: Arc<MemFs>,
+    inodes: Arc<AtomicU64>,
+    mkdir_fails: Arc<AtomicU64>,
+}
+
+impl Storage for FewInodes {
+    common::pass_through!(inner: lstat, read_dir, read_at, file_len, write_at, set_len, create_file, symlink, mknod, readlink, rename, link, unlink, rmdir, set_mode, set_owner, set_times, get_xattr, list_xattrs, set_xattr, remove_xattr, fsync, sync_all, open_file);
+    fn mkdir(&self, p: &Path, mode: u32) -> io::Result<()> {
+        let fail = !p.starts_with(META_DIR)
+            && self.mkdir_fails.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        if fail {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.mkdir(p, mode)
+    }
+    fn free_inodes(&self) -> io::Result<Option<u64>> {
+        Ok(Some(self.inodes.load(Ordering::SeqCst)))
+    }
+}
+
+fn few_inodes() -> (Arc<FewInodes>, Engine) {
+    let fs = Arc::new(FewInodes {
+        inner: Arc::new(MemFs::new()),
+        inodes: Arc::new(AtomicU64::new(u64::MAX)),
+        mkdir_fails: Arc::new(AtomicU64::new(0)),
+    });
+    let e = Engine::open(fs.clone(), opts(64 << 20)).unwrap();
+    for i in 0..100 {
+        let d = e.mkdir(None, ObjId::ROOT, OsStr::new(&format!("d{i}")), 0o755, 0, 0).unwrap().obj;
+        let f = e.create(None, d, OsStr::new("f"), 0o644, 0, 0).unwrap().obj;
+        e.write(None, f, 0, format!("file {i}").as_bytes()).unwrap();
+    }
+    e.sync().unwrap();
+    (fs, e)
+}
+
+/// Story (issue 23): a user's many small files use up the backing's
+/// inodes (ext4 has a fixed number). The checkpoint's creates would fail
+/// half-way through phase 2 and stop the mount; it is not started instead
+/// (ENOSPC, saying so), everything goes on, and it runs once inodes are
+/// free again.
+#[test]
+fn a_checkpoint_that_would_run_out_of_inodes_is_postponed_not_poisoned() {
+    let (fs, e) = few_inodes();
+    let before = dump_storage(&*fs.inner);
+    fs.inodes.store(150, Ordering::SeqCst); // 200 objects to create
+    let err = e.checkpoint().expect_err("too few inodes");
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert!(err.to_string().contains("inodes free"), "the error says why: {err}");
+    assert_eq!(dump_storage(&*fs.inner), before, "a postponed checkpoint touched the backing tree");
+    let f = e.resolve(None, Path::new("d7/f")).unwrap();
+    assert_eq!(e.read(None, f, 0, 64).unwrap(), b"file 7");
+    e.write(None, f, 0, b"FILE").unwrap();
+    e.sync().unwrap();
+    let state = dump_engine(&e, None);
+    fs.inodes.store(1 << 20, Ordering::SeqCst);
+    e.checkpoint().expect("the checkpoint runs once inodes are free");
+    e.close().unwrap();
+    let e = Engine::open(fs.clone(), opts(64 << 20)).unwrap();
+    assert_eq!(dump_engine(&e, None), state, "the backing tree holds everything");
+}
+
+/// Story (issue 23): a disk that answers one `mkdir` of the checkpoint's
+/// phase 2 with EIO. Past phase 1 the tree is half-way through the plan,
+/// so the engine used to stop (every read EIO until a remount); the
+/// namespace phases are idempotent and are run again at once: the
+/// checkpoint succeeds and nothing reports a fault. A disk that keeps
+/// failing still stops the mount, and recovery finishes the plan.
+#[test]
+fn an_io_error_in_the_namespace_phases_is_retried_at_once() {
+    let (fs, e) = few_inodes();
+    fs.mkdir_fails.store(1, Ordering::SeqCst);
+    e.checkpoint().expect("one EIO in phase 2 is retried");
+    assert_eq!(fs.mkdir_fails.load(Ordering::SeqCst), 0, "the fault was met");
+    assert_eq!(e.fault(), None);
+    let f = e.resolve(None, Path::new("d42/f")).unwrap();
+    assert_eq!(e.read(None, f, 0, 64).unwrap(), b"file 42");
+    let state = dump_engine(&e, None);
+    e.close().unwrap();
+    assert_eq!(dump_storage(&*fs.inner).len(), state.len());
+    drop(state);
+
+    // Failing more often than it is retried: stopped, then recovered.
+    let (fs, e) = few_inodes();
+    let state = dump_engine(&e, None);
+    fs.mkdir_fails.store(u64::MAX, Ordering::SeqCst);
+    let err = e.checkpoint().expect_err("a disk that keeps failing");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(e.fault().is_some());
+    drop(e);
+    fs.mkdir_fails.store(0, Ordering::SeqCst);
+    let e = Engine::open(fs.clone(), opts(64 << 20)).unwrap();
+    assert_eq!(dump_engine(&e, None), state, "recovery finished the plan");
+}

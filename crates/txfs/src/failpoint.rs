@@ -198,6 +198,9 @@ impl Storage for FailFs {
     fn free_bytes(&self) -> io::Result<Option<u64>> {
         self.inner.free_bytes()
     }
+    fn free_inodes(&self) -> io::Result<Option<u64>> {
+        self.inner.free_inodes()
+    }
     fn lstat(&self, path: &Path) -> io::Result<Meta> {
         self.inner.lstat(path)
     }

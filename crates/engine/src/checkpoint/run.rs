@@ -6,16 +6,18 @@
 //! the next journal, keeping the delta being written readable as
 //! `State::frozen`; outside the lock, phases 3–4 and the final sync (the
 //! long part); under the lock again, the frozen delta, the old journal and
-//! the epoch's data files are dropped. A checkpoint that fails in its
-//! namespace phases poisons the engine (recovery finishes the plan): every
-//! request fails until the next open. One that fails writing contents (a
+//! the epoch's data files are dropped. A checkpoint that meets an I/O
+//! error in its namespace phases runs them again at once, twice (20 and
+//! 200 ms later, still under the lock: they are idempotent, as recovery
+//! needs); one that still fails poisons the engine (recovery finishes the
+//! plan): every request fails until the next open. One that fails writing contents (a
 //! disk that filled after the estimate, an I/O error) is [`Unfinished`]:
 //! its namespace is in the tree and commits already go to the next
 //! journal, so the engine goes on as while any checkpoint writes contents
 //! — reads lay the frozen delta over the tree, commits are acknowledged —
 //! and the next run writes the contents again (they are idempotent, as for
-//! recovery) before anything else. One that could not start (no room)
-//! changes nothing and is retried later.
+//! recovery) before anything else. One that could not start (no room:
+//! bytes or inodes) changes nothing and is retried later.
 //!
 //! Tests: `tests/checkpoint_concurrency.rs`
 //! (`commits_and_reads_go_on_while_the_checkpoint_writes_contents`),
@@ -162,6 +164,37 @@ fn space_needed(plan: &Plan) -> u64 {
     data + objects * 4096 + (1 << 20)
 }
 
+/// Inodes a plan may create at most: every new object it makes (a rename
+/// or a link makes none), its own file and marker, the next journal, and
+/// a margin for the spares it keeps.
+fn inodes_needed(plan: &Plan) -> u64 {
+    use super::plan::Place;
+    let made = plan.place.iter().filter(|p| {
+        matches!(p, Place::File { .. } | Place::Dir { .. } | Place::Symlink { .. } | Place::Special { .. })
+    });
+    made.count() as u64 + 16
+}
+
+/// How long the namespace phases wait before each run again after an I/O
+/// error (under the engine lock: every request waits too).
+const NAMESPACE_RETRIES: [std::time::Duration; 2] =
+    [std::time::Duration::from_millis(20), std::time::Duration::from_millis(200)];
+
+/// Phases 1–2 with their marker, the contents written through stage
+/// links, and the next journal.
+fn namespace_steps(
+    storage: &dyn crate::storage::Storage,
+    plan: &Plan,
+    jf: &dyn StoredFile,
+) -> Result<(Arc<dyn StoredFile>, crate::ids::Epoch, u32)> {
+    namespace(storage, plan)?;
+    // A node forgotten below (a file linked under a name never looked up)
+    // would be read without `frozen`: its contents are written now.
+    contents(storage, plan, jf, Some(true))?;
+    sync_stage_writes(storage, plan)?;
+    next_journal(storage, plan)
+}
+
 /// The part of a checkpoint under the engine lock: plan, phases 1–2, the
 /// contents written through stage links, the next journal; then the
 /// committed delta becomes `frozen` and commits go to the next journal.
@@ -192,6 +225,18 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
             ));
         }
     }
+    // Inodes too: a user's many small files could use up an ext4's, and a
+    // create failing half-way through phase 2 would stop the mount.
+    if let Some(free) = storage.free_inodes().ctx("checkpoint", || "statvfs of the backing tree".into())? {
+        let need = inodes_needed(&plan);
+        if free < need {
+            return Err(Error::io(
+                "checkpoint",
+                format!("backing file system has {free} inodes free, the checkpoint needs up to {need}"),
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            ));
+        }
+    }
     // The plan reads extents from the journal: every record it covers must
     // be durable before the plan is (an ordered commit may have slipped in
     // since the caller's sync).
@@ -204,12 +249,25 @@ fn start(st: &mut State, sync: &SyncState, started: &mut bool) -> Result<(Plan, 
     *started = true;
     publish(&*storage, &plan)?;
     let jf = st.journal().file.clone();
-    namespace(&*storage, &plan)?;
-    // A node forgotten below (a file linked under a name never looked up)
-    // would be read without `frozen`: its contents are written now.
-    contents(&*storage, &plan, &*jf, Some(true))?;
-    sync_stage_writes(&*storage, &plan)?;
-    let (file, next, nonce) = next_journal(&*storage, &plan)?;
+    // Every step is idempotent (recovery runs them again from the plan),
+    // so an I/O error here is retried at once, still under the lock: past
+    // it the tree is half-way through the plan and the engine cannot serve
+    // until the plan is finished. A fault that outlasts the retries stops
+    // the mount (the caller poisons it; recovery finishes the plan).
+    let mut waits = NAMESPACE_RETRIES.iter();
+    let (file, next, nonce) = loop {
+        match namespace_steps(&*storage, &plan, &*jf) {
+            Ok(r) => break r,
+            Err(e @ Error::Os { .. }) => match waits.next() {
+                Some(wait) => {
+                    tracing::warn!("checkpoint: {e}: the namespace phases are run again in {wait:?}");
+                    std::thread::sleep(*wait);
+                }
+                None => return Err(e),
+            },
+            Err(e) => return Err(e),
+        }
+    };
     // The backing tree now holds the plan's names: update locations.
     let in_place = std::mem::take(&mut upd.in_place);
     st.follow_plan(upd, &*storage);

@@ -221,6 +221,12 @@ pub trait Storage: Send + Sync + 'static {
     fn free_bytes(&self) -> io::Result<Option<u64>> {
         Ok(None)
     }
+    /// Inodes the engine may still create on the backing file system, if
+    /// it has a fixed number (ext4: a checkpoint that would run out is not
+    /// started, as one that would run out of bytes).
+    fn free_inodes(&self) -> io::Result<Option<u64>> {
+        Ok(None)
+    }
     /// Whether the backing can hold an object of `kind` whose extended
     /// attributes are exactly `xattrs` (name, value, and whether the engine
     /// would write it: `false` for an attribute the object already holds on

@@ -382,6 +382,17 @@ impl Storage for RealFs {
         let blocks = if unsafe { libc::geteuid() } == 0 { v.f_bfree } else { v.f_bavail };
         Ok(Some(blocks.saturating_mul(v.f_frsize)))
     }
+    fn free_inodes(&self) -> io::Result<Option<u64>> {
+        // SAFETY: fstatvfs into a zeroed struct on our own descriptor.
+        let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatvfs(self.root.as_raw_fd(), &mut v) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // No fixed number (btrfs, tmpfs without a limit say 0 files).
+        // SAFETY: geteuid cannot fail.
+        let free = if unsafe { libc::geteuid() } == 0 { v.f_ffree } else { v.f_favail };
+        Ok((v.f_files > 0).then_some(free))
+    }
 
     fn probe_xattrs(&self, scratch: &Path, kind: FileKind, xattrs: &[(OsString, Vec<u8>, bool)]) -> io::Result<()> {
         self.remove_any(scratch)?;
