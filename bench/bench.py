@@ -154,6 +154,7 @@ class Mount:
 class Ctx:
     def __init__(self, args) -> None:
         self.args = args
+        self.backing = args.backing
         self.cfg = QUICK if args.quick else FULL
         self.root = args.root
         self.txfs = args.txfs
@@ -163,6 +164,7 @@ class Ctx:
         self.mounts: list[Mount] = []
         self.rows: list[dict] = []
         self.notes: list[str] = []
+        self.rss: dict[str, int] = {}  # the main daemon's VmHWM (MiB) per workload
         self.native = os.path.join(self.root, "native")
         self.scratch = os.path.join(self.root, "scratch")
         os.makedirs(self.native)
@@ -332,10 +334,17 @@ def add_row(ctx: Ctx, wid: str, label: str, res: dict, base: str, cand: str, tar
         return own / n, sum(t["disk"] for t in trials) / n
 
     scale = {"us": 1e6, "ms": 1e3, "s": 1}[unit]
+    # The ratio's range: each round's baseline against the same round's txfs
+    # side (the order alternates within a round), min to max. A target is
+    # met only when the worst round clears it, missed when the best does
+    # not, and within noise between.
+    pairs = [(bt["seconds"] / max(bt["ops"], 1)) / (ct["seconds"] / max(ct["ops"], 1))
+             for bt, ct in zip(res[base], res[cand]) if ct["seconds"] > 0]
+    lo, hi = (min(pairs), max(pairs)) if pairs else (ratio, ratio)
     row = dict(
         id=wid, label=label, base=base, cand=cand, base_val=b * scale, cand_val=c * scale, unit=unit,
         base_spread=bs, cand_spread=cs, ratio=ratio, target=target, target_text=target_text, seed=seed,
-        met=None if target is None else ratio >= target,
+        met=verdict(lo, hi, target), ratio_lo=lo, ratio_hi=hi, backing=ctx.backing,
         base_syncs=syncs_per_op(res[base], base), cand_syncs=syncs_per_op(res[cand], cand),
         base_bytes=bytes_per_op(res[base], base), cand_bytes=bytes_per_op(res[cand], cand),
         rounds=len(res[base]), conflicts=sum(t.get("conflicts", 0) for t in res[cand]),
@@ -352,6 +361,22 @@ def add_row(ctx: Ctx, wid: str, label: str, res: dict, base: str, cand: str, tar
     row.update(extra or {})
     ctx.rows.append(row)
     log(f"{wid} {label}: {base} {row['base_val']:.1f}{unit}/op, {cand} {row['cand_val']:.1f}{unit}/op, ratio {ratio:.2f}")
+
+
+def verdict(lo: float, hi: float, target: float | None):
+    """True: met (the worst round clears the target); False: missed (the
+    best round does not); "noise": the rounds straddle it; None: no target."""
+    if target is None:
+        return None
+    if lo >= target:
+        return True
+    if hi < target:
+        return False
+    return "noise"
+
+
+def met_text(met) -> str:
+    return {None: "—", True: "yes", False: "**no**", "noise": "within noise"}[met]
 
 
 def drv(ctx: Ctx, *args):
@@ -816,7 +841,7 @@ def fmt_bytes(b: float) -> str:
 
 def merge_previous(ctx: Ctx, out_dir: str, only: list) -> None:
     """--only: keep the other workloads' rows of the last report in out_dir."""
-    path = os.path.join(out_dir, "benchmarks.json")
+    path = os.path.join(out_dir, "benchmarks", f"{ctx.backing}.json")
     if not only or not os.path.exists(path):
         return
     with open(path) as f:
@@ -840,14 +865,13 @@ def missed_targets(rows: list, out_dir: str) -> list:
     notebook's to tell (bench/NOTES.md, "Targets not met, and why"): the
     report links it rather than pasting the notebook."""
     L = ["## Targets missed in this run", ""]
-    missed = [r for r in rows if r["met"] is False]
+    missed = [r for r in rows if r["met"] is False or r["met"] == "noise"]
     if not missed:
         return L + ["Every row with a target met it."]
-    L += ["| # | workload | ratio | target | spread baseline / txfs |", "|---|---|---|---|---|"]
+    L += ["| # | workload | ratio (rounds' range) | target | verdict |", "|---|---|---|---|---|"]
     for r in missed:
         L.append(
-            f"| {r['id']} | {r['label']} | **{r['ratio']:.2f}×** | {r['target_text']} "
-            f"| ±{r['base_spread'] * 50:.0f}% / ±{r['cand_spread'] * 50:.0f}% |"
+            f"| {r['id']} | {r['label']} | **{r['ratio']:.2f}×** ({rng(r)}) | {r['target_text']} | {met_text(r['met'])} |"
         )
     link = notebook_link(out_dir)
     return L + [
@@ -857,17 +881,36 @@ def missed_targets(rows: list, out_dir: str) -> list:
     ]
 
 
+def rng(r: dict) -> str:
+    return f"{r.get('ratio_lo', r['ratio']):.2f}–{r.get('ratio_hi', r['ratio']):.2f}"
+
+
+BACKINGS = {
+    "ext4-journal": "journaled ext4 (made by the bench on a loop image: default mkfs.ext4, data=ordered — the paper's setup and most users')",
+    "disk": "the machine's disk as it is (ext4 without a journal: a native fsync is unusually cheap there)",
+}
+
+
 def write_report(ctx: Ctx, out_dir: str, elapsed: float) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "benchmarks.json"), "w") as f:
-        json.dump({"rows": ctx.rows, "notes": ctx.notes}, f, indent=1)
+    """This backing's full table (out_dir/benchmarks/<backing>.md, .json,
+    .png), then the reader's summary of every backing measured
+    (out_dir/BENCHMARKS.md)."""
+    detail = os.path.join(out_dir, "benchmarks")
+    os.makedirs(detail, exist_ok=True)
+    meta = dict(backing=ctx.backing, disk=disk_desc(ctx.root), machine=machine(), elapsed=elapsed,
+                when=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), quick=bool(ctx.args.quick),
+                rounds=ctx.cfg["rounds"], big_rounds=ctx.cfg["big_rounds"], rss=ctx.rss)
+    with open(os.path.join(detail, f"{ctx.backing}.json"), "w") as f:
+        json.dump({"rows": ctx.rows, "notes": ctx.notes, "meta": meta}, f, indent=1)
     mode = "--quick (smoke-test sizes: the figures mean little)" if ctx.args.quick else "full"
     L = [
-        "# Benchmarks",
+        f"# Benchmarks on {ctx.backing}: every row",
         "",
-        "Generated by `bench/run` — do not edit by hand. Why a row misses its target, and the profiles and "
-        f"experiments behind these figures, are in the lab notebook, [bench/NOTES.md]({notebook_link(out_dir)}).",
+        "Generated by `bench/run` — do not edit by hand. The summary of every backing is "
+        "[BENCHMARKS.md](../BENCHMARKS.md); why a row misses its target, and the profiles and "
+        f"experiments behind these figures, are in the lab notebook, [bench/NOTES.md]({notebook_link(detail)}).",
         "",
+        f"- Backing: {BACKINGS.get(ctx.backing, ctx.backing)}.",
         f"- Machine: {machine()}; disk: {disk_desc(ctx.root)}; backing and native directories both under "
         f"`{os.path.dirname(ctx.root)}` on that disk.",
         f"- Run: {mode}, {ctx.cfg['rounds']} rounds (big workloads {ctx.cfg['big_rounds']}), sides alternated each round; "
@@ -880,21 +923,23 @@ def write_report(ctx: Ctx, out_dir: str, elapsed: float) -> None:
         "**KiB/op**: bytes written by the program's processes plus, for txfs, the daemon (`write_bytes`); "
         "**dev KiB/op**: the backing device's sectors written (/proc/diskstats; includes ext4's journal and "
         "anything else the machine wrote meanwhile).",
-        "- Spread = (max − min) / median over the rounds.",
+        "- Spread = (max − min) / median over the rounds. **ratio** is the median; the range is each round's "
+        "baseline against the same round's txfs side, min to max. **met**: the worst round clears the target; "
+        "**no**: the best round does not; **within noise**: the rounds straddle it.",
         "",
-        "| # | workload | baseline | txfs | ratio | target | met | seed | syncs/op base → txfs | KiB/op base → txfs | dev KiB/op base → txfs |",
+        "| # | workload | baseline | txfs | ratio (range) | target | met | seed | syncs/op base → txfs | KiB/op base → txfs | dev KiB/op base → txfs |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in ctx.rows:
-        met = "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        met = met_text(r["met"])
         u = r["unit"]
         L.append(
             f"| {r['id']} | {r['label']}{' — ' + r['note'] if r.get('note') else ''} | {r['base']}: {r['base_val']:.1f} {u} ±{r['base_spread'] * 50:.0f}% "
-            f"| {r['cand']}: {r['cand_val']:.1f} {u} ±{r['cand_spread'] * 50:.0f}% | **{r['ratio']:.2f}×** | {r['target_text']} | {met} "
+            f"| {r['cand']}: {r['cand_val']:.1f} {u} ±{r['cand_spread'] * 50:.0f}% | **{r['ratio']:.2f}×** ({rng(r)}) | {r['target_text']} | {met} "
             f"| {r['seed']} | {r['base_syncs']:.2f} → {r['cand_syncs']:.2f} | {fmt_bytes(r['base_bytes'][0])} → {fmt_bytes(r['cand_bytes'][0])} "
             f"| {fmt_bytes(r['base_bytes'][1])} → {fmt_bytes(r['cand_bytes'][1])} |"
         )
-    L += [""] + missed_targets(ctx.rows, out_dir)
+    L += [""] + missed_targets(ctx.rows, detail)
     pt_rows = [r for r in ctx.rows if "pt_ratio" in r]
     if pt_rows:
         L += ["", "W8 against libfuse's `passthrough_ll` (built from Debian's libfuse3-dev examples, default options, same disk):", "",
@@ -916,13 +961,122 @@ def write_report(ctx: Ctx, out_dir: str, elapsed: float) -> None:
             L.append(f"| {r['id']} | {r['label']} [{r['cand']}] | {total:.1f} | {top} |")
     if ctx.notes:
         L += ["", "Notes from this run:", ""] + [f"- {n}" for n in ctx.notes]
-    L += ["", "![ratios](benchmarks.png)", ""]
+    L += ["", f"![ratios]({ctx.backing}.png)", ""]
+    with open(os.path.join(detail, f"{ctx.backing}.md"), "w") as f:
+        f.write("\n".join(L))
+    chart(ctx.rows, os.path.join(detail, f"{ctx.backing}.png"), ctx.backing)
+    summarize(out_dir)
+
+
+def summarize(out_dir: str) -> None:
+    """BENCHMARKS.md for a reader: what the figures say, then one table of
+    the targets with every backing's ratio, its range and verdict, and the
+    daemon's peak RSS per workload; the full tables are linked."""
+    detail = os.path.join(out_dir, "benchmarks")
+    runs = {}
+    for b in BACKINGS:
+        path = os.path.join(detail, f"{b}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                runs[b] = json.load(f)
+    if not runs:
+        return
+    names = list(runs)
+    L = ["# Benchmarks", "",
+         "Generated by `bench/run` — do not edit by hand. txfs against the native protocol each workload uses today "
+         "(the seeds' fsync/rename dances, SQLite's own journal), side by side in one run, on "
+         + " and on ".join(f"**{b}** — {BACKINGS[b]}" for b in names) + ". "
+         "**ratio** = native time per operation ÷ txfs time: above 1 txfs is faster. Each figure is the median of the "
+         "rounds, with the range of the rounds (each round's native side against the same round's txfs side). "
+         f"Lab notebook (how each workload runs, why rows miss): [bench/NOTES.md]({notebook_link(out_dir)}).", ""]
+    for b in names:
+        m = runs[b].get("meta", {})
+        L.append(f"- {b}: {m.get('disk', '?')}; {'--quick' if m.get('quick') else 'full'} run of {m.get('when', '?')}, "
+                 f"{m.get('rounds', '?')} rounds (big workloads {m.get('big_rounds', '?')}), {m.get('elapsed', 0) / 60:.1f} min; "
+                 f"every row: [benchmarks/{b}.md](benchmarks/{b}.md).")
+    m0 = runs[names[0]].get("meta", {})
+    L += [f"- Machine: {m0.get('machine', '?')}.", ""]
+    # What the figures say.
+    L += ["## In short", ""]
+    for b in names:
+        rows = [r for r in runs[b]["rows"] if r.get("target") is not None]
+        n = {k: sum(1 for r in rows if r["met"] == k) for k in (True, "noise", False)}
+        faster = sorted((r for r in runs[b]["rows"] if r.get("ratio_lo", r["ratio"]) > 1.0), key=lambda r: -r["ratio"])
+        slower = sorted((r for r in runs[b]["rows"] if r.get("ratio_hi", r["ratio"]) < 1.0), key=lambda r: r["ratio"])
+        L.append(f"- **{b}**: of {len(rows)} targets, {n[True]} met, {n['noise']} within noise, {n[False]} missed. "
+                 f"txfs is faster in every round in {len(faster)} rows (most: "
+                 + ", ".join(f"{r['id']} {r['label'][:40]} {r['ratio']:.2f}×" for r in faster[:3])
+                 + f"); slower in every round in {len(slower)} (most: "
+                 + ", ".join(f"{r['id']} {r['label'][:40]} {r['ratio']:.2f}×" for r in slower[:3]) + ").")
+    L += ["", "## Targets", "",
+          "| # | workload | target | " + " | ".join(f"{b}: ratio (range) | {b}: met" for b in names) + " | daemon peak RSS MiB |",
+          "|---|---|---|" + "---|---|" * len(names) + "---|"]
+    keyed = {b: {(r["id"], r["label"]): r for r in runs[b]["rows"]} for b in names}
+    order = []
+    for b in names:
+        for r in runs[b]["rows"]:
+            if r.get("target") is not None and (r["id"], r["label"]) not in order:
+                order.append((r["id"], r["label"]))
+    for k in order:
+        cells = []
+        tt = ""
+        for b in names:
+            r = keyed[b].get(k)
+            if r is None:
+                cells += ["—", "—"]
+                continue
+            tt = r["target_text"]
+            cells += [f"**{r['ratio']:.2f}×** ({rng(r)})", met_text(r["met"])]
+        rss = "/".join(str(runs[b].get("meta", {}).get("rss", {}).get(k[0], "—")) for b in names)
+        L.append(f"| {k[0]} | {k[1]} | {tt} | " + " | ".join(cells) + f" | {rss} |")
+    L += ["", "Daemon peak RSS: the mount's VmHWM over the workload (" + " / ".join(names) + "); the limit is 256 MiB.",
+          "", "![ratios with the rounds' range](benchmarks/targets.png)", ""]
     with open(os.path.join(out_dir, "BENCHMARKS.md"), "w") as f:
         f.write("\n".join(L))
-    chart(ctx, os.path.join(out_dir, "benchmarks.png"))
+    chart_targets(runs, order, os.path.join(detail, "targets.png"))
 
 
-def chart(ctx: Ctx, path: str) -> None:
+def chart_targets(runs: dict, order: list, path: str) -> None:
+    """The targets' ratios per backing, with the rounds' range as error bars."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names = list(runs)
+    fig, ax = plt.subplots(figsize=(11, 0.42 * len(order) * max(1, len(names)) / 1.5 + 1.5))
+    h = 0.8 / max(1, len(names))
+    for i, b in enumerate(names):
+        rows = {(r["id"], r["label"]): r for r in runs[b]["rows"]}
+        ys, xs, lo, hi = [], [], [], []
+        for y, k in enumerate(order):
+            r = rows.get(k)
+            if r is None:
+                continue
+            ys.append(y - 0.4 + h * (i + 0.5))
+            xs.append(r["ratio"])
+            lo.append(r["ratio"] - r.get("ratio_lo", r["ratio"]))
+            hi.append(r.get("ratio_hi", r["ratio"]) - r["ratio"])
+        ax.barh(ys, xs, height=h, xerr=[lo, hi], label=b, capsize=2)
+    for y, k in enumerate(order):
+        t = next((r["target"] for b in names for r in runs[b]["rows"] if (r["id"], r["label"]) == k), None)
+        if t:
+            ax.plot([t, t], [y - 0.45, y + 0.45], color="black", lw=1.5)
+    ax.axvline(1.0, color="grey", ls="--", lw=0.8)
+    ax.set_yticks(list(range(len(order))))
+    ax.set_yticklabels([f"{k[0]} {k[1][:48]}" for k in order], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("ratio: native time / txfs time (higher is better; bars: the rounds' range; black tick = target)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chart(rows: list, path: str, backing: str) -> None:
     try:
         import matplotlib
 
@@ -931,12 +1085,12 @@ def chart(ctx: Ctx, path: str) -> None:
     except ImportError:
         log("matplotlib missing: no chart (the table is written)")
         return
-    rows = ctx.rows
     labels = [f"{r['id']} {r['label'][:48]}" for r in rows]
     fig, ax = plt.subplots(figsize=(11, 0.34 * len(rows) + 1.5))
     ys = range(len(rows))
-    colors = ["#2a9d8f" if r["met"] else ("#e76f51" if r["met"] is False else "#8d99ae") for r in rows]
-    ax.barh(list(ys), [r["ratio"] for r in rows], color=colors)
+    colors = ["#2a9d8f" if r["met"] is True else ("#e76f51" if r["met"] is False else "#8d99ae") for r in rows]
+    err = [[r["ratio"] - r.get("ratio_lo", r["ratio"]) for r in rows], [r.get("ratio_hi", r["ratio"]) - r["ratio"] for r in rows]]
+    ax.barh(list(ys), [r["ratio"] for r in rows], color=colors, xerr=err, capsize=2)
     for y, r in zip(ys, rows):
         if r["target"]:
             ax.plot([r["target"], r["target"]], [y - 0.4, y + 0.4], color="black", lw=1.5)
@@ -946,7 +1100,7 @@ def chart(ctx: Ctx, path: str) -> None:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("ratio: baseline time / txfs time (higher is better; black tick = target)")
-    ax.set_title("txfs vs the native protocol on the same disk (green: target met, red: missed)")
+    ax.set_title(f"txfs vs the native protocol on {backing} (green: met, red: missed, grey: within noise or no target)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -1000,6 +1154,7 @@ def main() -> None:
     ap.add_argument("--shim", required=True)
     ap.add_argument("--passthrough", default="")
     ap.add_argument("--no-trace", action="store_true", help="no FUSE request counting (fuse tracepoints)")
+    ap.add_argument("--backing", default="disk", choices=list(BACKINGS), help="what --root is on (the report's name)")
     args = ap.parse_args()
     only = [w.strip().upper() for w in args.only.split(",") if w.strip()]
     for w in only:
@@ -1016,11 +1171,19 @@ def main() -> None:
             log(f"{wid} ...")
             w0 = time.time()
             try:
+                ctx.main.reset_hwm()
+            except OSError:
+                pass
+            try:
                 fn(ctx)
             except Exception as e:  # one workload's failure must not hide the others
                 failed.append(wid)
                 log(f"{wid} FAILED: {e}")
                 ctx.notes.append(f"{wid} failed: {str(e).splitlines()[0][:200]}")
+            try:
+                ctx.rss[wid] = ctx.main.vm_hwm_kib() // 1024
+            except OSError:
+                pass
             log(f"{wid} done in {time.time() - w0:.1f} s")
     finally:
         if ctx.trace:
